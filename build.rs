@@ -1,0 +1,85 @@
+//! Compiles `gpu-kernels` into one PTX module that `host` embeds.
+//!
+//! rustc's own NVPTX backend does the work: an inner `cargo rustc` builds the
+//! kernel crate for `nvptx64-nvidia-cuda` with `-Zbuild-std=core` and fat LTO and
+//! asks for `--emit=asm`, which is a complete PTX module. No CUDA toolkit is
+//! involved, so this runs on machines without a GPU. The link step cargo still
+//! requests would need `llvm-bitcode-linker` (not installable here); it is made a
+//! no-op with `-Clinker=true` because the PTX is already complete.
+//!
+//! `ALEXNET_CUDA_ARCH` (default `sm_90`) picks the target; any `sm_70`+ works.
+//! `ALEXNET_PTX_VERSION` (default `80`, i.e. PTX ISA 8.0) picks `+ptxNN`.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap())
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let kernels = root.join("gpu-kernels");
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    println!("cargo:rerun-if-changed={}", kernels.join("src").display());
+    println!("cargo:rerun-if-changed={}", kernels.join("Cargo.toml").display());
+    println!("cargo:rerun-if-env-changed=ALEXNET_CUDA_ARCH");
+    println!("cargo:rerun-if-env-changed=ALEXNET_PTX_VERSION");
+
+    let arch = env::var("ALEXNET_CUDA_ARCH").unwrap_or_else(|_| "sm_90".into());
+    let ptx_version = env::var("ALEXNET_PTX_VERSION").unwrap_or_else(|_| "80".into());
+    let sm: u32 = arch
+        .strip_prefix("sm_")
+        .and_then(|s| s.trim_end_matches('a').parse().ok())
+        .unwrap_or_else(|| panic!("ALEXNET_CUDA_ARCH must look like sm_90, got {arch:?}"));
+    assert!(sm >= 70, "ALEXNET_CUDA_ARCH: rustc's NVPTX backend needs sm_70 or newer, got {arch}");
+
+    let target_dir = out.join("gpu-kernels-target");
+    let rustflags = [
+        format!("-Ctarget-cpu={arch}"),
+        format!("-Ctarget-feature=+ptx{ptx_version}"),
+        "-Clinker=true".to_string(),
+    ]
+    .join("\x1f");
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&kernels)
+        .args(["rustc", "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .args(["--", "--emit=asm"]);
+    // The outer build's settings must not leak into the kernel build.
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_BUILD_TARGET",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_RUSTFLAGS",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CARGO_MAKEFLAGS",
+        "CARGO_PROFILE_RELEASE_DEBUG",
+        "CARGO_PRIMARY_PACKAGE",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, _) in env::vars() {
+        if k.starts_with("CARGO_FEATURE_") || k.starts_with("CARGO_CFG_") || k.starts_with("DEP_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", rustflags);
+    let status = cmd.status().expect("build.rs: could not run cargo for gpu-kernels");
+    assert!(status.success(), "build.rs: building gpu-kernels for nvptx64-nvidia-cuda failed");
+
+    let asm = target_dir.join("nvptx64-nvidia-cuda/release/deps/gpu_kernels.s");
+    let ptx = std::fs::read_to_string(&asm)
+        .unwrap_or_else(|e| panic!("build.rs: no PTX at {}: {e}", asm.display()));
+    assert!(ptx.contains(".entry"), "build.rs: {} holds no kernel entry points", asm.display());
+    write_if_changed(&out.join("kernels.ptx"), &ptx);
+    println!("cargo:rustc-env=ALEXNET_CUDA_ARCH={arch}");
+}
+
+fn write_if_changed(path: &Path, text: &str) {
+    if std::fs::read_to_string(path).ok().as_deref() != Some(text) {
+        std::fs::write(path, text).unwrap();
+    }
+}

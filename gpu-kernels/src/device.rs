@@ -1,0 +1,149 @@
+//! Device helpers shared by the kernel families: thread indices, dynamic shared
+//! memory, fast exp/log through PTX `ex2`/`lg2`, warp shuffles and barriers.
+
+use core::arch::asm;
+use core::arch::nvptx;
+
+#[inline(always)]
+pub fn tid_x() -> u32 {
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+#[inline(always)]
+pub fn tid_y() -> u32 {
+    unsafe { nvptx::_thread_idx_y() as u32 }
+}
+#[inline(always)]
+pub fn bid_x() -> u32 {
+    unsafe { nvptx::_block_idx_x() as u32 }
+}
+#[inline(always)]
+pub fn bid_y() -> u32 {
+    unsafe { nvptx::_block_idx_y() as u32 }
+}
+#[inline(always)]
+pub fn bid_z() -> u32 {
+    unsafe { nvptx::_block_idx_z() as u32 }
+}
+#[inline(always)]
+pub fn bdim_x() -> u32 {
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+#[inline(always)]
+pub fn bdim_y() -> u32 {
+    unsafe { nvptx::_block_dim_y() as u32 }
+}
+#[inline(always)]
+pub fn gdim_x() -> u32 {
+    unsafe { nvptx::_grid_dim_x() as u32 }
+}
+
+/// Global index of this thread along x, and the grid-stride step.
+#[inline(always)]
+pub fn grid_stride() -> (usize, usize) {
+    let i = bid_x() as usize * bdim_x() as usize + tid_x() as usize;
+    (i, gdim_x() as usize * bdim_x() as usize)
+}
+
+#[inline(always)]
+pub fn sync_threads() {
+    unsafe { nvptx::_syncthreads() }
+}
+
+/// Start of the block's dynamic shared memory (sized by the launcher).
+#[inline(always)]
+pub fn shared<T>() -> *mut T {
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<T>()
+}
+
+/// 2^x (PTX `ex2.approx.ftz.f32`, max rel. error ~2^-22).
+#[inline(always)]
+pub fn ex2(x: f32) -> f32 {
+    let y: f32;
+    unsafe { asm!("ex2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x) };
+    y
+}
+
+/// log2(x) (PTX `lg2.approx.ftz.f32`).
+#[inline(always)]
+pub fn lg2(x: f32) -> f32 {
+    let y: f32;
+    unsafe { asm!("lg2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x) };
+    y
+}
+
+/// e^x for the softmax; exact to a few ulp over the range used (x ≤ 0).
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    ex2(x * core::f32::consts::LOG2_E)
+}
+
+/// Natural logarithm.
+#[inline(always)]
+pub fn ln(x: f32) -> f32 {
+    lg2(x) * core::f32::consts::LN_2
+}
+
+/// x^p for x > 0.
+#[inline(always)]
+pub fn powf(x: f32, p: f32) -> f32 {
+    ex2(p * lg2(x))
+}
+
+unsafe extern "C" {
+    #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
+    fn shfl_bfly_f32(mask: u32, v: f32, lane_mask: u32, clamp: u32) -> f32;
+    #[link_name = "llvm.nvvm.shfl.sync.bfly.i32"]
+    fn shfl_bfly_i32(mask: u32, v: i32, lane_mask: u32, clamp: u32) -> i32;
+}
+
+/// Sum over the 32 lanes of a warp (all lanes get the result).
+#[inline(always)]
+pub fn warp_sum(mut v: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        v += unsafe { shfl_bfly_f32(0xffff_ffff, v, m, 0x1f) };
+        m >>= 1;
+    }
+    v
+}
+
+/// Max over the 32 lanes of a warp (all lanes get the result).
+#[inline(always)]
+pub fn warp_max(mut v: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        v = v.max(unsafe { shfl_bfly_f32(0xffff_ffff, v, m, 0x1f) });
+        m >>= 1;
+    }
+    v
+}
+
+/// Integer sum over the 32 lanes of a warp.
+#[inline(always)]
+pub fn warp_sum_i32(mut v: i32) -> i32 {
+    let mut m = 16;
+    while m > 0 {
+        v += unsafe { shfl_bfly_i32(0xffff_ffff, v, m, 0x1f) };
+        m >>= 1;
+    }
+    v
+}
+
+/// Block-wide sum of `v` for a block of `bdim_x()` threads (a multiple of 32,
+/// at most 1024); every thread gets the result. Needs 32 floats of shared
+/// memory at `scratch` and contains barriers: all threads must call it.
+#[inline(always)]
+pub unsafe fn block_sum(v: f32, scratch: *mut f32) -> f32 {
+    let lane = tid_x() % 32;
+    let warp = tid_x() / 32;
+    let nwarps = bdim_x().div_ceil(32);
+    let w = warp_sum(v);
+    if lane == 0 {
+        unsafe { *scratch.add(warp as usize) = w };
+    }
+    sync_threads();
+    let x = if lane < nwarps { unsafe { *scratch.add(lane as usize) } } else { 0.0 };
+    let total = warp_sum(x);
+    sync_threads();
+    total
+}

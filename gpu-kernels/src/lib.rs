@@ -1,0 +1,20 @@
+//! AlexNet's GPU kernels, written in Rust and compiled to one PTX module by the
+//! top-level `build.rs` (rustc's NVPTX backend; no nvcc, no NVRTC).
+//!
+//! One file per kernel family; every `extern "ptx-kernel"` function is named
+//! `<op>_<direction>` and documents what it computes, its data layout and its
+//! grid/block mapping. The host launcher, CPU reference, test and benchmark use
+//! the same name. All tensors are fp32, NCHW, contiguous.
+#![no_std]
+#![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, link_llvm_intrinsics)]
+#![feature(gpu_launch_sized_workgroup_mem, gpu_intrinsics, core_intrinsics, core_float_math)]
+#![allow(internal_features, clippy::missing_safety_doc, clippy::too_many_arguments)]
+
+pub mod device;
+
+pub mod activation;
+
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    unsafe { core::arch::nvptx::trap() }
+}

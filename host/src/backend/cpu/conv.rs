@@ -1,0 +1,1 @@
+//! CPU reference: conv (to be written).

@@ -1,0 +1,1 @@
+//! CPU reference: dropout (to be written).

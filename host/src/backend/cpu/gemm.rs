@@ -1,0 +1,1 @@
+//! CPU reference: gemm (to be written).

@@ -1,0 +1,155 @@
+//! The CPU reference backend: every op in plain, obviously-correct Rust with
+//! f64 accumulation. It is the oracle for the GPU tests, lets CI exercise the
+//! model and trainer without a GPU, and trains tiny configs. Each family's
+//! functions live in the file of the same name as the GPU kernel file and
+//! carry the same names (`lrn_forward`, ...). Batch-parallel with rayon where
+//! that keeps the code plain.
+
+pub mod activation;
+pub mod conv;
+pub mod dropout;
+pub mod gemm;
+pub mod loss;
+pub mod lrn;
+pub mod optimizer;
+pub mod pool;
+
+use super::*;
+
+/// The CPU backend. Buffers are `Vec<f32>`; nothing is asynchronous.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Labels = Vec<i32>;
+
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+    fn zeros(&self, len: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; len])
+    }
+    fn upload(&self, host: &[f32]) -> Result<Vec<f32>> {
+        Ok(host.to_vec())
+    }
+    fn write(&self, dst: &mut Vec<f32>, host: &[f32]) -> Result<()> {
+        anyhow::ensure!(dst.len() == host.len(), "write: length {} into buffer of {}", host.len(), dst.len());
+        dst.copy_from_slice(host);
+        Ok(())
+    }
+    fn download(&self, buf: &Vec<f32>) -> Result<Vec<f32>> {
+        Ok(buf.clone())
+    }
+    fn upload_labels(&self, host: &[i32]) -> Result<Vec<i32>> {
+        Ok(host.to_vec())
+    }
+    fn write_labels(&self, dst: &mut Vec<i32>, host: &[i32]) -> Result<()> {
+        anyhow::ensure!(dst.len() == host.len(), "write_labels: length {} into buffer of {}", host.len(), dst.len());
+        dst.copy_from_slice(host);
+        Ok(())
+    }
+    fn len(&self, buf: &Vec<f32>) -> usize {
+        buf.len()
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn conv_forward(&self, g: &ConvGeom, x: &Vec<f32>, w: &Vec<f32>, bias: &Vec<f32>, y: &mut Vec<f32>) -> Result<()> {
+        conv::conv_forward(g, x, w, bias, y);
+        Ok(())
+    }
+    fn conv_backward_data(&self, g: &ConvGeom, dy: &Vec<f32>, w: &Vec<f32>, dx: &mut Vec<f32>) -> Result<()> {
+        conv::conv_backward_data(g, dy, w, dx);
+        Ok(())
+    }
+    fn conv_backward_filter(&self, g: &ConvGeom, x: &Vec<f32>, dy: &Vec<f32>, dw: &mut Vec<f32>) -> Result<()> {
+        conv::conv_backward_filter(g, x, dy, dw);
+        Ok(())
+    }
+    fn conv_backward_bias(&self, g: &ConvGeom, dy: &Vec<f32>, db: &mut Vec<f32>) -> Result<()> {
+        conv::conv_backward_bias(g, dy, db);
+        Ok(())
+    }
+    fn fc_forward(&self, g: &FcGeom, x: &Vec<f32>, w: &Vec<f32>, b: &Vec<f32>, y: &mut Vec<f32>) -> Result<()> {
+        gemm::fc_forward(g, x, w, b, y);
+        Ok(())
+    }
+    fn fc_backward_data(&self, g: &FcGeom, dy: &Vec<f32>, w: &Vec<f32>, dx: &mut Vec<f32>) -> Result<()> {
+        gemm::fc_backward_data(g, dy, w, dx);
+        Ok(())
+    }
+    fn fc_backward_filter(&self, g: &FcGeom, x: &Vec<f32>, dy: &Vec<f32>, dw: &mut Vec<f32>) -> Result<()> {
+        gemm::fc_backward_filter(g, x, dy, dw);
+        Ok(())
+    }
+    fn fc_backward_bias(&self, g: &FcGeom, dy: &Vec<f32>, db: &mut Vec<f32>) -> Result<()> {
+        gemm::fc_backward_bias(g, dy, db);
+        Ok(())
+    }
+    fn relu_forward(&self, y: &mut Vec<f32>) -> Result<()> {
+        activation::relu_forward(y);
+        Ok(())
+    }
+    fn relu_backward(&self, y: &Vec<f32>, d: &mut Vec<f32>) -> Result<()> {
+        activation::relu_backward(y, d);
+        Ok(())
+    }
+    fn lrn_forward(&self, p: &LrnParams, x: &Vec<f32>, y: &mut Vec<f32>, scale: &mut Vec<f32>) -> Result<()> {
+        lrn::lrn_forward(p, x, y, scale);
+        Ok(())
+    }
+    fn lrn_backward(
+        &self,
+        p: &LrnParams,
+        x: &Vec<f32>,
+        y: &Vec<f32>,
+        scale: &Vec<f32>,
+        dy: &Vec<f32>,
+        dx: &mut Vec<f32>,
+    ) -> Result<()> {
+        lrn::lrn_backward(p, x, y, scale, dy, dx);
+        Ok(())
+    }
+    fn maxpool_forward(&self, g: &PoolGeom, x: &Vec<f32>, y: &mut Vec<f32>) -> Result<()> {
+        pool::maxpool_forward(g, x, y);
+        Ok(())
+    }
+    fn maxpool_backward(&self, g: &PoolGeom, x: &Vec<f32>, y: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>) -> Result<()> {
+        pool::maxpool_backward(g, x, y, dy, dx);
+        Ok(())
+    }
+    fn dropout_forward(&self, p: &DropoutParams, y: &mut Vec<f32>) -> Result<()> {
+        dropout::dropout_forward(p, y);
+        Ok(())
+    }
+    fn dropout_backward(&self, p: &DropoutParams, d: &mut Vec<f32>) -> Result<()> {
+        dropout::dropout_backward(p, d);
+        Ok(())
+    }
+    fn softmax_xent_forward(
+        &self,
+        n: usize,
+        classes: usize,
+        logits: &Vec<f32>,
+        labels: &Vec<i32>,
+        probs: &mut Vec<f32>,
+        loss: &mut Vec<f32>,
+    ) -> Result<()> {
+        loss::softmax_xent_forward(n, classes, logits, labels, probs, loss);
+        Ok(())
+    }
+    fn softmax_xent_backward(&self, n: usize, classes: usize, probs: &Vec<f32>, labels: &Vec<i32>, dlogits: &mut Vec<f32>) -> Result<()> {
+        loss::softmax_xent_backward(n, classes, probs, labels, dlogits);
+        Ok(())
+    }
+    fn label_rank(&self, n: usize, classes: usize, scores: &Vec<f32>, labels: &Vec<i32>, rank: &mut Vec<f32>) -> Result<()> {
+        loss::label_rank(n, classes, scores, labels, rank);
+        Ok(())
+    }
+    fn sgd_update(&self, p: &SgdParams, w: &mut Vec<f32>, g: &Vec<f32>, v: &mut Vec<f32>) -> Result<()> {
+        optimizer::sgd_update(p, w, g, v);
+        Ok(())
+    }
+}

@@ -1,0 +1,1 @@
+//! CPU reference: optimizer (to be written).

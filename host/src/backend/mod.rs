@@ -1,0 +1,301 @@
+//! The `Backend` trait: one method per op, with a CPU reference
+//! implementation (`cpu`) and a CUDA implementation (`cuda`).
+//!
+//! Model, trainer and tests are written once against this trait. Tensors are
+//! fp32, NCHW, contiguous; a backend's buffers are flat. Ops that overwrite an
+//! output never read it first (tests poison outputs with NaN to check this),
+//! except where a method says it works in place.
+
+pub mod cpu;
+pub mod cuda;
+
+use anyhow::Result;
+
+/// Geometry of a 2-D convolution with zero padding, stride and groups.
+/// Input `[n, c_in, h, w]`, weight `[c_out, c_in/groups, k_h, k_w]` (PyTorch's
+/// layout), bias `[c_out]`, output `[n, c_out, out_h, out_w]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvGeom {
+    pub n: usize,
+    pub c_in: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c_out: usize,
+    pub k_h: usize,
+    pub k_w: usize,
+    pub stride: usize,
+    pub pad: usize,
+    pub groups: usize,
+}
+
+impl ConvGeom {
+    /// Output height (PyTorch's floor rule).
+    pub fn out_h(&self) -> usize {
+        (self.h + 2 * self.pad - self.k_h) / self.stride + 1
+    }
+    pub fn out_w(&self) -> usize {
+        (self.w + 2 * self.pad - self.k_w) / self.stride + 1
+    }
+    pub fn x_len(&self) -> usize {
+        self.n * self.c_in * self.h * self.w
+    }
+    pub fn y_len(&self) -> usize {
+        self.n * self.c_out * self.out_h() * self.out_w()
+    }
+    pub fn w_len(&self) -> usize {
+        self.c_out * (self.c_in / self.groups) * self.k_h * self.k_w
+    }
+    /// Multiply-adds of the forward pass (each backward pass does as many).
+    pub fn macs(&self) -> usize {
+        self.y_len() * (self.c_in / self.groups) * self.k_h * self.k_w
+    }
+}
+
+/// A fully connected layer: `y[n, out] = x[n, in] · w[out, in]ᵀ + b[out]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FcGeom {
+    pub n: usize,
+    pub inputs: usize,
+    pub outputs: usize,
+}
+
+/// Max pooling over `size × size` windows at `stride` (windows may overlap),
+/// no padding, PyTorch's floor rule for the output size. `[n, c, h, w]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolGeom {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub size: usize,
+    pub stride: usize,
+}
+
+impl PoolGeom {
+    pub fn out_h(&self) -> usize {
+        (self.h - self.size) / self.stride + 1
+    }
+    pub fn out_w(&self) -> usize {
+        (self.w - self.size) / self.stride + 1
+    }
+    pub fn x_len(&self) -> usize {
+        self.n * self.c * self.h * self.w
+    }
+    pub fn y_len(&self) -> usize {
+        self.n * self.c * self.out_h() * self.out_w()
+    }
+}
+
+/// Cross-map local response normalisation as in the paper:
+/// `y = x / (k + α·Σ_{j∈window(c)} x_j²)^β`, window = the `size` maps centred
+/// on `c` (clipped at the edges). `alpha` multiplies the plain sum (the
+/// paper's α; PyTorch's `alpha` is `size` times this).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LrnParams {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub size: usize,
+    pub alpha: f32,
+    pub beta: f32,
+    pub k: f32,
+}
+
+impl LrnParams {
+    pub fn len(&self) -> usize {
+        self.n * self.c * self.h * self.w
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Inverted dropout: an element is kept with probability `1 - p` and scaled by
+/// `1 / (1 - p)`, so evaluation needs no rescaling. The keep decision for
+/// element `i` is a pure function of `(seed, step, i)` (Philox-4x32-10), so
+/// backward regenerates the mask instead of storing it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DropoutParams {
+    pub p: f32,
+    pub seed: u64,
+    pub step: u64,
+}
+
+/// Which momentum-SGD rule `sgd_update` applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SgdRule {
+    /// PyTorch's: `v ← μ·v + (g + λ·w)`, `w ← w − lr·v`.
+    #[default]
+    Pytorch,
+    /// The paper's (Krizhevsky et al. 2012, §5):
+    /// `v ← μ·v − λ·lr·w − lr·g`, `w ← w + v`.
+    Paper,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SgdParams {
+    pub lr: f32,
+    pub momentum: f32,
+    pub weight_decay: f32,
+    pub rule: SgdRule,
+}
+
+/// A compute backend. `Buf` holds f32 values, `Labels` holds class indices.
+pub trait Backend {
+    type Buf;
+    type Labels;
+
+    /// A short human-readable name ("cpu", "cuda:0 NVIDIA H200").
+    fn name(&self) -> String;
+
+    /// A buffer of `len` zeros.
+    fn zeros(&self, len: usize) -> Result<Self::Buf>;
+    fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
+    fn write(&self, dst: &mut Self::Buf, host: &[f32]) -> Result<()>;
+    fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;
+    fn upload_labels(&self, host: &[i32]) -> Result<Self::Labels>;
+    fn write_labels(&self, dst: &mut Self::Labels, host: &[i32]) -> Result<()>;
+    fn len(&self, buf: &Self::Buf) -> usize;
+    /// Wait for all queued work; reports any asynchronous failure.
+    fn synchronize(&self) -> Result<()>;
+
+    /// `y = conv(x, w) + bias`.
+    fn conv_forward(
+        &self,
+        g: &ConvGeom,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        bias: &Self::Buf,
+        y: &mut Self::Buf,
+    ) -> Result<()>;
+    /// `dx = ∂L/∂x` from `dy` (overwrites `dx`).
+    fn conv_backward_data(
+        &self,
+        g: &ConvGeom,
+        dy: &Self::Buf,
+        w: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()>;
+    /// `dw = ∂L/∂w` (overwrites `dw`).
+    fn conv_backward_filter(
+        &self,
+        g: &ConvGeom,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        dw: &mut Self::Buf,
+    ) -> Result<()>;
+    /// `db[c] = Σ_{n,h,w} dy[n,c,h,w]` (overwrites `db`).
+    fn conv_backward_bias(&self, g: &ConvGeom, dy: &Self::Buf, db: &mut Self::Buf)
+    -> Result<()>;
+
+    /// `y = x·wᵀ + b`.
+    fn fc_forward(
+        &self,
+        g: &FcGeom,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        b: &Self::Buf,
+        y: &mut Self::Buf,
+    ) -> Result<()>;
+    /// `dx = dy·w`.
+    fn fc_backward_data(
+        &self,
+        g: &FcGeom,
+        dy: &Self::Buf,
+        w: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()>;
+    /// `dw = dyᵀ·x`.
+    fn fc_backward_filter(
+        &self,
+        g: &FcGeom,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        dw: &mut Self::Buf,
+    ) -> Result<()>;
+    /// `db[j] = Σ_n dy[n, j]`.
+    fn fc_backward_bias(&self, g: &FcGeom, dy: &Self::Buf, db: &mut Self::Buf) -> Result<()>;
+
+    /// `y ← max(y, 0)` in place.
+    fn relu_forward(&self, y: &mut Self::Buf) -> Result<()>;
+    /// `d ← d · [y > 0]` in place (`y` is the ReLU's output).
+    fn relu_backward(&self, y: &Self::Buf, d: &mut Self::Buf) -> Result<()>;
+
+    /// `y = lrn(x)`; also writes `scale = k + α·Σx²` for the backward pass.
+    fn lrn_forward(
+        &self,
+        p: &LrnParams,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        scale: &mut Self::Buf,
+    ) -> Result<()>;
+    /// `dx` from `dy`, given the forward's `x`, `y` and `scale`.
+    fn lrn_backward(
+        &self,
+        p: &LrnParams,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        scale: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()>;
+
+    fn maxpool_forward(&self, g: &PoolGeom, x: &Self::Buf, y: &mut Self::Buf) -> Result<()>;
+    /// Routes each `dy` to the first maximal element of its window (ties go to
+    /// the lowest row, then column); overlapping windows add up.
+    fn maxpool_backward(
+        &self,
+        g: &PoolGeom,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()>;
+
+    /// Inverted dropout in place.
+    fn dropout_forward(&self, p: &DropoutParams, y: &mut Self::Buf) -> Result<()>;
+    /// Applies the same mask and scale to the gradient in place.
+    fn dropout_backward(&self, p: &DropoutParams, d: &mut Self::Buf) -> Result<()>;
+
+    /// Row-wise softmax of `logits [n, classes]` into `probs`, and the
+    /// per-sample cross-entropy `loss[i] = −ln probs[i, labels[i]]`.
+    fn softmax_xent_forward(
+        &self,
+        n: usize,
+        classes: usize,
+        logits: &Self::Buf,
+        labels: &Self::Labels,
+        probs: &mut Self::Buf,
+        loss: &mut Self::Buf,
+    ) -> Result<()>;
+    /// Gradient of the mean loss: `dlogits = (probs − onehot(labels)) / n`.
+    fn softmax_xent_backward(
+        &self,
+        n: usize,
+        classes: usize,
+        probs: &Self::Buf,
+        labels: &Self::Labels,
+        dlogits: &mut Self::Buf,
+    ) -> Result<()>;
+    /// `rank[i]` = how many classes score strictly higher than the true one
+    /// (top-k correct ⇔ rank < k). Written as f32.
+    fn label_rank(
+        &self,
+        n: usize,
+        classes: usize,
+        scores: &Self::Buf,
+        labels: &Self::Labels,
+        rank: &mut Self::Buf,
+    ) -> Result<()>;
+
+    /// One momentum-SGD step over one parameter tensor, in place.
+    fn sgd_update(
+        &self,
+        p: &SgdParams,
+        w: &mut Self::Buf,
+        g: &Self::Buf,
+        v: &mut Self::Buf,
+    ) -> Result<()>;
+}

@@ -1,0 +1,1 @@
+//! Validated JSON configs (being written).

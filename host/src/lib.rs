@@ -1,0 +1,14 @@
+//! AlexNet training in pure Rust on NVIDIA GPUs.
+//!
+//! `backend` holds the ops (CPU reference and CUDA), `config` the validated
+//! JSON configs, `data` the datasets and loaders, `checkpoint` safetensors
+//! I/O, `report` metrics and plots.
+
+pub mod backend;
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+pub mod report;
+
+/// The PTX module built from `gpu-kernels` by `build.rs`.
+pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
