@@ -22,7 +22,10 @@ fn main() {
     let kernels = root.join("gpu-kernels");
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-changed={}", kernels.join("src").display());
-    println!("cargo:rerun-if-changed={}", kernels.join("Cargo.toml").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        kernels.join("Cargo.toml").display()
+    );
     println!("cargo:rerun-if-env-changed=ALEXNET_CUDA_ARCH");
     println!("cargo:rerun-if-env-changed=ALEXNET_PTX_VERSION");
 
@@ -32,7 +35,10 @@ fn main() {
         .strip_prefix("sm_")
         .and_then(|s| s.trim_end_matches('a').parse().ok())
         .unwrap_or_else(|| panic!("ALEXNET_CUDA_ARCH must look like sm_90, got {arch:?}"));
-    assert!(sm >= 70, "ALEXNET_CUDA_ARCH: rustc's NVPTX backend needs sm_70 or newer, got {arch}");
+    assert!(
+        sm >= 70,
+        "ALEXNET_CUDA_ARCH: rustc's NVPTX backend needs sm_70 or newer, got {arch}"
+    );
 
     let target_dir = out.join("gpu-kernels-target");
     let rustflags = [
@@ -44,7 +50,13 @@ fn main() {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&kernels)
-        .args(["rustc", "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
+        .args([
+            "rustc",
+            "--release",
+            "--target",
+            "nvptx64-nvidia-cuda",
+            "-Zbuild-std=core",
+        ])
         .arg("--target-dir")
         .arg(&target_dir)
         .args(["--", "--emit=asm"]);
@@ -67,13 +79,22 @@ fn main() {
         }
     }
     cmd.env("CARGO_ENCODED_RUSTFLAGS", rustflags);
-    let status = cmd.status().expect("build.rs: could not run cargo for gpu-kernels");
-    assert!(status.success(), "build.rs: building gpu-kernels for nvptx64-nvidia-cuda failed");
+    let status = cmd
+        .status()
+        .expect("build.rs: could not run cargo for gpu-kernels");
+    assert!(
+        status.success(),
+        "build.rs: building gpu-kernels for nvptx64-nvidia-cuda failed"
+    );
 
     let asm = target_dir.join("nvptx64-nvidia-cuda/release/deps/gpu_kernels.s");
     let ptx = std::fs::read_to_string(&asm)
         .unwrap_or_else(|e| panic!("build.rs: no PTX at {}: {e}", asm.display()));
-    assert!(ptx.contains(".entry"), "build.rs: {} holds no kernel entry points", asm.display());
+    assert!(
+        ptx.contains(".entry"),
+        "build.rs: {} holds no kernel entry points",
+        asm.display()
+    );
     write_if_changed(&out.join("kernels.ptx"), &ptx);
     println!("cargo:rustc-env=ALEXNET_CUDA_ARCH={arch}");
 }

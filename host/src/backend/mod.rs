@@ -187,8 +187,7 @@ pub trait Backend {
         dw: &mut Self::Buf,
     ) -> Result<()>;
     /// `db[c] = Σ_{n,h,w} dy[n,c,h,w]` (overwrites `db`).
-    fn conv_backward_bias(&self, g: &ConvGeom, dy: &Self::Buf, db: &mut Self::Buf)
-    -> Result<()>;
+    fn conv_backward_bias(&self, g: &ConvGeom, dy: &Self::Buf, db: &mut Self::Buf) -> Result<()>;
 
     /// `y = x·wᵀ + b`.
     fn fc_forward(

@@ -34,7 +34,12 @@ impl Backend for CpuBackend {
         Ok(host.to_vec())
     }
     fn write(&self, dst: &mut Vec<f32>, host: &[f32]) -> Result<()> {
-        anyhow::ensure!(dst.len() == host.len(), "write: length {} into buffer of {}", host.len(), dst.len());
+        anyhow::ensure!(
+            dst.len() == host.len(),
+            "write: length {} into buffer of {}",
+            host.len(),
+            dst.len()
+        );
         dst.copy_from_slice(host);
         Ok(())
     }
@@ -45,7 +50,12 @@ impl Backend for CpuBackend {
         Ok(host.to_vec())
     }
     fn write_labels(&self, dst: &mut Vec<i32>, host: &[i32]) -> Result<()> {
-        anyhow::ensure!(dst.len() == host.len(), "write_labels: length {} into buffer of {}", host.len(), dst.len());
+        anyhow::ensure!(
+            dst.len() == host.len(),
+            "write_labels: length {} into buffer of {}",
+            host.len(),
+            dst.len()
+        );
         dst.copy_from_slice(host);
         Ok(())
     }
@@ -56,15 +66,34 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn conv_forward(&self, g: &ConvGeom, x: &Vec<f32>, w: &Vec<f32>, bias: &Vec<f32>, y: &mut Vec<f32>) -> Result<()> {
+    fn conv_forward(
+        &self,
+        g: &ConvGeom,
+        x: &Vec<f32>,
+        w: &Vec<f32>,
+        bias: &Vec<f32>,
+        y: &mut Vec<f32>,
+    ) -> Result<()> {
         conv::conv_forward(g, x, w, bias, y);
         Ok(())
     }
-    fn conv_backward_data(&self, g: &ConvGeom, dy: &Vec<f32>, w: &Vec<f32>, dx: &mut Vec<f32>) -> Result<()> {
+    fn conv_backward_data(
+        &self,
+        g: &ConvGeom,
+        dy: &Vec<f32>,
+        w: &Vec<f32>,
+        dx: &mut Vec<f32>,
+    ) -> Result<()> {
         conv::conv_backward_data(g, dy, w, dx);
         Ok(())
     }
-    fn conv_backward_filter(&self, g: &ConvGeom, x: &Vec<f32>, dy: &Vec<f32>, dw: &mut Vec<f32>) -> Result<()> {
+    fn conv_backward_filter(
+        &self,
+        g: &ConvGeom,
+        x: &Vec<f32>,
+        dy: &Vec<f32>,
+        dw: &mut Vec<f32>,
+    ) -> Result<()> {
         conv::conv_backward_filter(g, x, dy, dw);
         Ok(())
     }
@@ -72,15 +101,34 @@ impl Backend for CpuBackend {
         conv::conv_backward_bias(g, dy, db);
         Ok(())
     }
-    fn fc_forward(&self, g: &FcGeom, x: &Vec<f32>, w: &Vec<f32>, b: &Vec<f32>, y: &mut Vec<f32>) -> Result<()> {
+    fn fc_forward(
+        &self,
+        g: &FcGeom,
+        x: &Vec<f32>,
+        w: &Vec<f32>,
+        b: &Vec<f32>,
+        y: &mut Vec<f32>,
+    ) -> Result<()> {
         gemm::fc_forward(g, x, w, b, y);
         Ok(())
     }
-    fn fc_backward_data(&self, g: &FcGeom, dy: &Vec<f32>, w: &Vec<f32>, dx: &mut Vec<f32>) -> Result<()> {
+    fn fc_backward_data(
+        &self,
+        g: &FcGeom,
+        dy: &Vec<f32>,
+        w: &Vec<f32>,
+        dx: &mut Vec<f32>,
+    ) -> Result<()> {
         gemm::fc_backward_data(g, dy, w, dx);
         Ok(())
     }
-    fn fc_backward_filter(&self, g: &FcGeom, x: &Vec<f32>, dy: &Vec<f32>, dw: &mut Vec<f32>) -> Result<()> {
+    fn fc_backward_filter(
+        &self,
+        g: &FcGeom,
+        x: &Vec<f32>,
+        dy: &Vec<f32>,
+        dw: &mut Vec<f32>,
+    ) -> Result<()> {
         gemm::fc_backward_filter(g, x, dy, dw);
         Ok(())
     }
@@ -96,7 +144,13 @@ impl Backend for CpuBackend {
         activation::relu_backward(y, d);
         Ok(())
     }
-    fn lrn_forward(&self, p: &LrnParams, x: &Vec<f32>, y: &mut Vec<f32>, scale: &mut Vec<f32>) -> Result<()> {
+    fn lrn_forward(
+        &self,
+        p: &LrnParams,
+        x: &Vec<f32>,
+        y: &mut Vec<f32>,
+        scale: &mut Vec<f32>,
+    ) -> Result<()> {
         lrn::lrn_forward(p, x, y, scale);
         Ok(())
     }
@@ -116,7 +170,14 @@ impl Backend for CpuBackend {
         pool::maxpool_forward(g, x, y);
         Ok(())
     }
-    fn maxpool_backward(&self, g: &PoolGeom, x: &Vec<f32>, y: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>) -> Result<()> {
+    fn maxpool_backward(
+        &self,
+        g: &PoolGeom,
+        x: &Vec<f32>,
+        y: &Vec<f32>,
+        dy: &Vec<f32>,
+        dx: &mut Vec<f32>,
+    ) -> Result<()> {
         pool::maxpool_backward(g, x, y, dy, dx);
         Ok(())
     }
@@ -140,15 +201,35 @@ impl Backend for CpuBackend {
         loss::softmax_xent_forward(n, classes, logits, labels, probs, loss);
         Ok(())
     }
-    fn softmax_xent_backward(&self, n: usize, classes: usize, probs: &Vec<f32>, labels: &Vec<i32>, dlogits: &mut Vec<f32>) -> Result<()> {
+    fn softmax_xent_backward(
+        &self,
+        n: usize,
+        classes: usize,
+        probs: &Vec<f32>,
+        labels: &Vec<i32>,
+        dlogits: &mut Vec<f32>,
+    ) -> Result<()> {
         loss::softmax_xent_backward(n, classes, probs, labels, dlogits);
         Ok(())
     }
-    fn label_rank(&self, n: usize, classes: usize, scores: &Vec<f32>, labels: &Vec<i32>, rank: &mut Vec<f32>) -> Result<()> {
+    fn label_rank(
+        &self,
+        n: usize,
+        classes: usize,
+        scores: &Vec<f32>,
+        labels: &Vec<i32>,
+        rank: &mut Vec<f32>,
+    ) -> Result<()> {
         loss::label_rank(n, classes, scores, labels, rank);
         Ok(())
     }
-    fn sgd_update(&self, p: &SgdParams, w: &mut Vec<f32>, g: &Vec<f32>, v: &mut Vec<f32>) -> Result<()> {
+    fn sgd_update(
+        &self,
+        p: &SgdParams,
+        w: &mut Vec<f32>,
+        g: &Vec<f32>,
+        v: &mut Vec<f32>,
+    ) -> Result<()> {
         optimizer::sgd_update(p, w, g, v);
         Ok(())
     }
