@@ -1,1 +1,360 @@
-fn main() {}
+//! Kernel benchmarks on AlexNet's layer shapes at batch 128 (override with
+//! `ALEXNET_BENCH_BATCH`): each kernel's median time over many launches,
+//! timed with CUDA events after warm-up, with GFLOP/s for the products and
+//! GB/s (minimal bytes: every input read once, every output written once) for
+//! the memory-bound kernels. Prints a table and writes JSON to
+//! `ALEXNET_BENCH_JSON` (default `target/kernel-bench.json`).
+//! Arguments filter by substring. Without a GPU it says so and exits 0.
+
+use anyhow::Result;
+use host::backend::cuda::{CudaBackend, unavailable_reason};
+use host::backend::*;
+
+struct Row {
+    kernel: &'static str,
+    case: String,
+    median_ms: f64,
+    min_ms: f64,
+    gflops: Option<f64>,
+    gbps: Option<f64>,
+}
+
+struct Bench {
+    be: CudaBackend,
+    rows: Vec<Row>,
+    filters: Vec<String>,
+}
+
+impl Bench {
+    fn wanted(&self, kernel: &str, case: &str) -> bool {
+        self.filters.is_empty()
+            || self
+                .filters
+                .iter()
+                .any(|f| kernel.contains(f.as_str()) || case.contains(f.as_str()))
+    }
+
+    /// Times `f`; `flops` and `bytes` per call give the rates.
+    fn run(
+        &mut self,
+        kernel: &'static str,
+        case: &str,
+        flops: f64,
+        bytes: f64,
+        mut f: impl FnMut(&CudaBackend) -> Result<()>,
+    ) -> Result<()> {
+        if !self.wanted(kernel, case) {
+            return Ok(());
+        }
+        let be = &self.be;
+        let mut t = be.time_events(5, 40, || f(be))?;
+        t.sort_by(f32::total_cmp);
+        let median = t[t.len() / 2] as f64;
+        let row = Row {
+            kernel,
+            case: case.to_string(),
+            median_ms: median,
+            min_ms: t[0] as f64,
+            gflops: (flops > 0.0).then(|| flops / median / 1e6),
+            gbps: (bytes > 0.0).then(|| bytes / median / 1e6),
+        };
+        println!(
+            "{:<22} {:<26} {:>9.3} ms {:>10} {:>10}",
+            row.kernel,
+            row.case,
+            row.median_ms,
+            row.gflops
+                .map(|v| format!("{v:.0} GF/s"))
+                .unwrap_or_default(),
+            row.gbps.map(|v| format!("{v:.0} GB/s")).unwrap_or_default()
+        );
+        self.rows.push(row);
+        Ok(())
+    }
+}
+
+fn rand_buf(be: &CudaBackend, len: usize, seed: u64) -> Result<cudarc::driver::CudaSlice<f32>> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let v: Vec<f32> = (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect();
+    be.upload(&v)
+}
+
+fn main() -> Result<()> {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    if let Some(why) = unavailable_reason() {
+        println!("kernel benchmarks SKIPPED, not run: {why}");
+        return Ok(());
+    }
+    let n: usize = std::env::var("ALEXNET_BENCH_BATCH")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(128);
+    let be = CudaBackend::new(0)?;
+    println!(
+        "kernel benchmarks on {}, batch {n}, median of 40 after 5 warm-up\n",
+        be.name()
+    );
+    let mut b = Bench {
+        be,
+        rows: vec![],
+        filters,
+    };
+
+    let conv = |c_in, h, c_out, k, stride, pad, groups| ConvGeom {
+        n,
+        c_in,
+        h,
+        w: h,
+        c_out,
+        k_h: k,
+        k_w: k,
+        stride,
+        pad,
+        groups,
+    };
+    let convs = [
+        ("conv1", conv(3, 224, 96, 11, 4, 2, 1)),
+        ("conv2", conv(96, 27, 256, 5, 1, 2, 2)),
+        ("conv3", conv(256, 13, 384, 3, 1, 1, 1)),
+        ("conv4", conv(384, 13, 384, 3, 1, 1, 2)),
+        ("conv5", conv(384, 13, 256, 3, 1, 1, 2)),
+    ];
+    for (i, (name, g)) in convs.iter().enumerate() {
+        let seed = i as u64 * 10;
+        let x = rand_buf(&b.be, g.x_len(), seed)?;
+        let w = rand_buf(&b.be, g.w_len(), seed + 1)?;
+        let bias = rand_buf(&b.be, g.c_out, seed + 2)?;
+        let dy = rand_buf(&b.be, g.y_len(), seed + 3)?;
+        let mut y = b.be.zeros(g.y_len())?;
+        let mut dx = b.be.zeros(g.x_len())?;
+        let mut dw = b.be.zeros(g.w_len())?;
+        let mut db = b.be.zeros(g.c_out)?;
+        let flops = 2.0 * g.macs() as f64;
+        b.run("conv_forward", name, flops, 0.0, |be| {
+            be.conv_forward(g, &x, &w, &bias, &mut y)
+        })?;
+        b.run("conv_backward_data", name, flops, 0.0, |be| {
+            be.conv_backward_data(g, &dy, &w, &mut dx)
+        })?;
+        b.run("conv_backward_filter", name, flops, 0.0, |be| {
+            be.conv_backward_filter(g, &x, &dy, &mut dw)
+        })?;
+        let bytes = 4.0 * (g.y_len() + g.c_out) as f64;
+        b.run("conv_backward_bias", name, 0.0, bytes, |be| {
+            be.conv_backward_bias(g, &dy, &mut db)
+        })?;
+    }
+
+    for (i, (name, inputs, outputs)) in [
+        ("fc6", 9216, 4096),
+        ("fc7", 4096, 4096),
+        ("fc8", 4096, 1000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let g = FcGeom { n, inputs, outputs };
+        let seed = 100 + i as u64 * 10;
+        let x = rand_buf(&b.be, n * inputs, seed)?;
+        let w = rand_buf(&b.be, inputs * outputs, seed + 1)?;
+        let bias = rand_buf(&b.be, outputs, seed + 2)?;
+        let dy = rand_buf(&b.be, n * outputs, seed + 3)?;
+        let (mut y, mut dx, mut dw, mut db) = (
+            b.be.zeros(n * outputs)?,
+            b.be.zeros(n * inputs)?,
+            b.be.zeros(inputs * outputs)?,
+            b.be.zeros(outputs)?,
+        );
+        let flops = 2.0 * (n * inputs * outputs) as f64;
+        b.run("fc_forward", name, flops, 0.0, |be| {
+            be.fc_forward(&g, &x, &w, &bias, &mut y)
+        })?;
+        b.run("fc_backward_data", name, flops, 0.0, |be| {
+            be.fc_backward_data(&g, &dy, &w, &mut dx)
+        })?;
+        b.run("fc_backward_filter", name, flops, 0.0, |be| {
+            be.fc_backward_filter(&g, &x, &dy, &mut dw)
+        })?;
+        b.run(
+            "fc_backward_bias",
+            name,
+            0.0,
+            4.0 * (n * outputs + outputs) as f64,
+            |be| be.fc_backward_bias(&g, &dy, &mut db),
+        )?;
+    }
+
+    let relu_len = n * 96 * 55 * 55;
+    let mut act = rand_buf(&b.be, relu_len, 200)?;
+    let mut grad = rand_buf(&b.be, relu_len, 201)?;
+    let act_y = rand_buf(&b.be, relu_len, 202)?;
+    b.run(
+        "relu_forward",
+        "conv1 out",
+        0.0,
+        8.0 * relu_len as f64,
+        |be| be.relu_forward(&mut act),
+    )?;
+    b.run(
+        "relu_backward",
+        "conv1 out",
+        0.0,
+        12.0 * relu_len as f64,
+        |be| be.relu_backward(&act_y, &mut grad),
+    )?;
+
+    for (name, c, hw) in [("lrn1 96x55x55", 96, 55), ("lrn2 256x27x27", 256, 27)] {
+        let p = LrnParams {
+            n,
+            c,
+            h: hw,
+            w: hw,
+            size: 5,
+            alpha: 1e-4,
+            beta: 0.75,
+            k: 2.0,
+        };
+        let len = p.len();
+        let x = rand_buf(&b.be, len, 300)?;
+        let dy = rand_buf(&b.be, len, 301)?;
+        let (mut y, mut s, mut dx) = (b.be.zeros(len)?, b.be.zeros(len)?, b.be.zeros(len)?);
+        b.run("lrn_forward", name, 0.0, 12.0 * len as f64, |be| {
+            be.lrn_forward(&p, &x, &mut y, &mut s)
+        })?;
+        b.run("lrn_backward", name, 0.0, 20.0 * len as f64, |be| {
+            be.lrn_backward(&p, &x, &y, &s, &dy, &mut dx)
+        })?;
+    }
+
+    for (name, c, hw) in [
+        ("pool1 96x55x55", 96, 55),
+        ("pool2 256x27x27", 256, 27),
+        ("pool5 256x13x13", 256, 13),
+    ] {
+        let g = PoolGeom {
+            n,
+            c,
+            h: hw,
+            w: hw,
+            size: 3,
+            stride: 2,
+        };
+        let x = rand_buf(&b.be, g.x_len(), 400)?;
+        let dy = rand_buf(&b.be, g.y_len(), 401)?;
+        let (mut y, mut dx) = (b.be.zeros(g.y_len())?, b.be.zeros(g.x_len())?);
+        let fwd = 4.0 * (g.x_len() + g.y_len()) as f64;
+        b.run("maxpool_forward", name, 0.0, fwd, |be| {
+            be.maxpool_forward(&g, &x, &mut y)
+        })?;
+        let bwd = 4.0 * (2 * g.x_len() + g.y_len()) as f64;
+        b.run("maxpool_backward", name, 0.0, bwd, |be| {
+            be.maxpool_backward(&g, &x, &y, &dy, &mut dx)
+        })?;
+    }
+
+    let drop_len = n * 4096;
+    let mut d = rand_buf(&b.be, drop_len, 500)?;
+    let mut step = 0u64;
+    b.run(
+        "dropout_forward",
+        "fc6 out",
+        0.0,
+        8.0 * drop_len as f64,
+        |be| {
+            step += 1;
+            be.dropout_forward(
+                &DropoutParams {
+                    p: 0.5,
+                    seed: 1,
+                    step,
+                },
+                &mut d,
+            )
+        },
+    )?;
+    b.run(
+        "dropout_backward",
+        "fc6 out",
+        0.0,
+        8.0 * drop_len as f64,
+        |be| {
+            be.dropout_backward(
+                &DropoutParams {
+                    p: 0.5,
+                    seed: 1,
+                    step: 1,
+                },
+                &mut d,
+            )
+        },
+    )?;
+
+    let classes = 1000;
+    let logits = rand_buf(&b.be, n * classes, 600)?;
+    let labels = b.be.upload_labels(
+        &(0..n as i32)
+            .map(|i| (i * 7) % classes as i32)
+            .collect::<Vec<_>>(),
+    )?;
+    let (mut probs, mut loss, mut dl, mut rank) = (
+        b.be.zeros(n * classes)?,
+        b.be.zeros(n)?,
+        b.be.zeros(n * classes)?,
+        b.be.zeros(n)?,
+    );
+    let nk = (n * classes) as f64;
+    b.run("softmax_xent_forward", "fc8 out", 0.0, 8.0 * nk, |be| {
+        be.softmax_xent_forward(n, classes, &logits, &labels, &mut probs, &mut loss)
+    })?;
+    b.run("softmax_xent_backward", "fc8 out", 0.0, 8.0 * nk, |be| {
+        be.softmax_xent_backward(n, classes, &probs, &labels, &mut dl)
+    })?;
+    b.run("label_rank", "fc8 out", 0.0, 4.0 * nk, |be| {
+        be.label_rank(n, classes, &logits, &labels, &mut rank)
+    })?;
+
+    let plen = 4096 * 9216;
+    let (mut w, g, mut v) = (
+        rand_buf(&b.be, plen, 700)?,
+        rand_buf(&b.be, plen, 701)?,
+        rand_buf(&b.be, plen, 702)?,
+    );
+    let p = SgdParams {
+        lr: 0.01,
+        momentum: 0.9,
+        weight_decay: 5e-4,
+        rule: SgdRule::Pytorch,
+    };
+    b.run("sgd_update", "fc6.weight", 0.0, 20.0 * plen as f64, |be| {
+        be.sgd_update(&p, &mut w, &g, &mut v)
+    })?;
+
+    let path =
+        std::env::var("ALEXNET_BENCH_JSON").unwrap_or_else(|_| "target/kernel-bench.json".into());
+    let json: Vec<_> = b
+        .rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({"kernel": r.kernel, "case": r.case, "batch": n, "median_ms": r.median_ms,
+                "min_ms": r.min_ms, "gflops": r.gflops, "gbps": r.gbps})
+        })
+        .collect();
+    let text =
+        serde_json::to_string_pretty(&serde_json::json!({"device": b.be.name(), "rows": json}))?;
+    if let Err(e) = std::fs::write(&path, text) {
+        eprintln!("could not write {path}: {e}");
+    } else {
+        println!("\nwrote {path}");
+    }
+    Ok(())
+}

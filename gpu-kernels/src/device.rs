@@ -147,3 +147,26 @@ pub unsafe fn block_sum(v: f32, scratch: *mut f32) -> f32 {
     sync_threads();
     total
 }
+
+/// Block-wide max, same contract as [`block_sum`].
+#[inline(always)]
+pub unsafe fn block_max(v: f32, scratch: *mut f32) -> f32 {
+    let lane = tid_x() % 32;
+    let warp = tid_x() / 32;
+    let nwarps = bdim_x().div_ceil(32);
+    let w = warp_max(v);
+    if lane == 0 {
+        unsafe { *scratch.add(warp as usize) = w };
+    }
+    sync_threads();
+    let x = if lane < nwarps { unsafe { *scratch.add(lane as usize) } } else { f32::NEG_INFINITY };
+    let total = warp_max(x);
+    sync_threads();
+    total
+}
+
+/// Fused multiply-add `a·b + c` (one `fma.rn.f32`).
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    core::f32::math::mul_add(a, b, c)
+}

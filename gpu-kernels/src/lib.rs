@@ -13,6 +13,13 @@
 pub mod device;
 
 pub mod activation;
+pub mod conv;
+pub mod dropout;
+pub mod gemm;
+pub mod loss;
+pub mod lrn;
+pub mod optimizer;
+pub mod pool;
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {

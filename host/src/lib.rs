@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod cli;
 pub mod config;
 pub mod data;
 pub mod report;

@@ -1,1 +1,519 @@
-//! CUDA backend (being written).
+//! The CUDA backend: one context and one stream per GPU, the PTX module built
+//! from `gpu-kernels` loaded once, typed device buffers (`CudaSlice`), and a
+//! launcher per kernel in the file named after its family (`lrn.rs` launches
+//! `lrn_forward`/`lrn_backward`). Everything is queued on the backend's stream;
+//! nothing waits for the GPU except `download` and `synchronize`.
+//!
+//! Runs on `cudarc` (driver API, libcuda loaded at run time), so building needs
+//! no CUDA installation and a machine without a GPU gets a clear error.
+//! Set `ALEXNET_SYNC_LAUNCHES=1` to synchronise after every launch, so an
+//! asynchronous fault is reported against the kernel (and shapes) that caused it.
+
+mod activation;
+mod conv;
+mod dropout;
+mod gemm;
+mod loss;
+mod lrn;
+mod optimizer;
+mod pool;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result, anyhow, bail};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DriverError, LaunchConfig, sys,
+};
+
+use super::*;
+
+/// Kernels the PTX module must provide (checked at load time).
+const KERNELS: &[&str] = &[
+    "conv_forward",
+    "conv_backward_data",
+    "conv_backward_filter",
+    "conv_backward_bias",
+    "splitk_reduce",
+    "fc_forward",
+    "fc_backward_data",
+    "fc_backward_filter",
+    "fc_backward_bias",
+    "relu_forward",
+    "relu_backward",
+    "lrn_forward",
+    "lrn_backward",
+    "maxpool_forward",
+    "maxpool_backward",
+    "dropout_forward",
+    "dropout_backward",
+    "softmax_xent_forward",
+    "softmax_xent_backward",
+    "label_rank",
+    "sgd_update",
+];
+
+/// What `host devices` prints for one GPU.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub total_mem: usize,
+    pub sm_count: i32,
+    pub clock_mhz: i32,
+    pub l2_bytes: i32,
+    pub max_shared_per_block: i32,
+}
+
+/// Why no GPU can be used, as one line; `None` when the driver loads and at
+/// least one device exists.
+pub fn unavailable_reason() -> Option<String> {
+    if !unsafe { sys::is_culib_present() } {
+        return Some("no NVIDIA driver found (libcuda.so could not be loaded)".into());
+    }
+    match CudaContext::device_count() {
+        Ok(0) => Some("the NVIDIA driver reports no CUDA devices".into()),
+        Ok(_) => None,
+        Err(e) => Some(format!("the NVIDIA driver could not be initialised: {e}")),
+    }
+}
+
+/// The driver's CUDA version, e.g. (13, 0).
+pub fn driver_version() -> Result<(i32, i32)> {
+    let mut v = 0;
+    unsafe { sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .map_err(gpu_err)?;
+    Ok((v / 1000, (v % 1000) / 10))
+}
+
+/// Lists every visible GPU.
+pub fn devices() -> Result<Vec<DeviceInfo>> {
+    if let Some(why) = unavailable_reason() {
+        bail!("{why}");
+    }
+    let count = CudaContext::device_count().map_err(gpu_err)? as usize;
+    (0..count)
+        .map(|i| {
+            let ctx = CudaContext::new(i).map_err(gpu_err)?;
+            let attr = |a| ctx.attribute(a).map_err(gpu_err);
+            use sys::CUdevice_attribute as A;
+            Ok(DeviceInfo {
+                ordinal: i,
+                name: ctx.name().map_err(gpu_err)?,
+                compute_capability: ctx.compute_capability().map_err(gpu_err)?,
+                total_mem: ctx.total_mem().map_err(gpu_err)?,
+                sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+                clock_mhz: attr(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? / 1000,
+                l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
+                max_shared_per_block: attr(
+                    A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                )?,
+            })
+        })
+        .collect()
+}
+
+fn gpu_err(e: DriverError) -> anyhow::Error {
+    anyhow!("CUDA error: {e}")
+}
+
+/// The CUDA backend for one GPU.
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    _module: Arc<CudaModule>,
+    funcs: HashMap<&'static str, CudaFunction>,
+    sm_count: u32,
+    sync_each_launch: bool,
+    /// Scratch for split-K partial sums, grown on demand (stream-ordered reuse).
+    workspace: Mutex<Option<CudaSlice<f32>>>,
+    label: String,
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal`, loads the embedded PTX and resolves every kernel.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        if let Some(why) = unavailable_reason() {
+            bail!("{why}");
+        }
+        let count = CudaContext::device_count().map_err(gpu_err)? as usize;
+        if ordinal >= count {
+            bail!("GPU {ordinal} requested but only {count} CUDA device(s) are visible");
+        }
+        let ctx = CudaContext::new(ordinal).map_err(gpu_err)?;
+        // One stream per backend: ordering is the stream's, so cudarc's
+        // per-buffer event tracking would only add overhead.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(gpu_err)?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(crate::PTX))
+            .map_err(|e| {
+                anyhow!(
+                    "loading the PTX module (built for {}) failed: {e}; the driver must JIT PTX ISA 8.0 (CUDA 12.0+ driver) for an sm_70+ GPU",
+                    env!("ALEXNET_CUDA_ARCH")
+                )
+            })?;
+        let mut funcs = HashMap::new();
+        for &name in KERNELS {
+            let f = module
+                .load_function(name)
+                .with_context(|| format!("kernel {name} is missing from the PTX module"))?;
+            funcs.insert(name, f);
+        }
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(gpu_err)? as u32;
+        let label = format!("cuda:{ordinal} {}", ctx.name().map_err(gpu_err)?);
+        Ok(Self {
+            ctx,
+            stream,
+            _module: module,
+            funcs,
+            sm_count,
+            sync_each_launch: std::env::var("ALEXNET_SYNC_LAUNCHES").is_ok_and(|v| v == "1"),
+            workspace: Mutex::new(None),
+            label,
+        })
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    fn func(&self, name: &'static str) -> &CudaFunction {
+        &self.funcs[name]
+    }
+
+    /// Turns a launch or post-launch failure into an error naming the kernel
+    /// and its shapes.
+    fn kernel_error(&self, name: &str, what: &str, e: DriverError) -> anyhow::Error {
+        anyhow!("kernel {name} ({what}) failed: {e}")
+    }
+
+    fn after_launch(&self, name: &str, what: &dyn Fn() -> String) -> Result<()> {
+        if self.sync_each_launch {
+            self.stream
+                .synchronize()
+                .map_err(|e| self.kernel_error(name, &what(), e))?;
+        }
+        Ok(())
+    }
+
+    fn alloc_error(&self, what: &str, bytes: usize, e: DriverError) -> anyhow::Error {
+        let oom = e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY;
+        if oom {
+            let (free, total) = self.ctx.mem_get_info().unwrap_or((0, 0));
+            anyhow!(
+                "out of GPU memory allocating {what} ({:.1} MiB; {:.1} of {:.1} GiB free on {}): try a smaller batch size",
+                bytes as f64 / (1 << 20) as f64,
+                free as f64 / (1u64 << 30) as f64,
+                total as f64 / (1u64 << 30) as f64,
+                self.label
+            )
+        } else {
+            anyhow!("allocating {what} ({bytes} bytes) failed: {e}")
+        }
+    }
+
+    /// Runs `f` with a workspace of at least `len` floats.
+    fn with_workspace<R>(
+        &self,
+        len: usize,
+        f: impl FnOnce(&mut CudaSlice<f32>) -> Result<R>,
+    ) -> Result<R> {
+        let mut ws = self.workspace.lock().unwrap();
+        if ws.as_ref().is_none_or(|w| w.len() < len) {
+            *ws = None;
+            let buf = unsafe { self.stream.alloc::<f32>(len) }
+                .map_err(|e| self.alloc_error("split-K workspace", len * 4, e))?;
+            *ws = Some(buf);
+        }
+        f(ws.as_mut().unwrap())
+    }
+}
+
+/// Launches `$name` on the backend's stream with the given arguments; `$what`
+/// (a closure giving the shapes as text) goes into any error message.
+macro_rules! launch {
+    ($be:expr, $name:literal, $cfg:expr, $what:expr; $($arg:expr),* $(,)?) => {{
+        let be: &$crate::backend::cuda::CudaBackend = $be;
+        let what = $what;
+        use cudarc::driver::PushKernelArg;
+        let mut b = be.stream.launch_builder(be.func($name));
+        $( b.arg($arg); )*
+        unsafe { b.launch($cfg) }.map_err(|e| be.kernel_error($name, &what(), e))?;
+        be.after_launch($name, &what)
+    }};
+}
+pub(crate) use launch;
+
+/// A 1-D grid-stride launch over `n` items: 256 threads a block, enough blocks
+/// for every SM to hold several, never more than the items need.
+fn grid_1d(be: &CudaBackend, n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, be.sm_count as usize * 16);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn check_len(what: &str, buf: &CudaSlice<f32>, want: usize) -> Result<()> {
+    if buf.len() != want {
+        bail!(
+            "{what}: buffer holds {} floats, the shape needs {want}",
+            buf.len()
+        );
+    }
+    Ok(())
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaSlice<f32>;
+    type Labels = CudaSlice<i32>;
+
+    fn name(&self) -> String {
+        self.label.clone()
+    }
+    fn zeros(&self, len: usize) -> Result<CudaSlice<f32>> {
+        self.stream
+            .alloc_zeros::<f32>(len)
+            .map_err(|e| self.alloc_error("a buffer", len * 4, e))
+    }
+    fn upload(&self, host: &[f32]) -> Result<CudaSlice<f32>> {
+        self.stream
+            .clone_htod(host)
+            .map_err(|e| self.alloc_error("an upload", host.len() * 4, e))
+    }
+    fn write(&self, dst: &mut CudaSlice<f32>, host: &[f32]) -> Result<()> {
+        check_len("write", dst, host.len())?;
+        self.stream.memcpy_htod(host, dst).map_err(gpu_err)
+    }
+    fn download(&self, buf: &CudaSlice<f32>) -> Result<Vec<f32>> {
+        let v = self.stream.clone_dtoh(buf).map_err(gpu_err)?;
+        self.stream.synchronize().map_err(gpu_err)?;
+        Ok(v)
+    }
+    fn upload_labels(&self, host: &[i32]) -> Result<CudaSlice<i32>> {
+        self.stream
+            .clone_htod(host)
+            .map_err(|e| self.alloc_error("labels", host.len() * 4, e))
+    }
+    fn write_labels(&self, dst: &mut CudaSlice<i32>, host: &[i32]) -> Result<()> {
+        if dst.len() != host.len() {
+            bail!(
+                "write_labels: buffer holds {} labels, got {}",
+                dst.len(),
+                host.len()
+            );
+        }
+        self.stream.memcpy_htod(host, dst).map_err(gpu_err)
+    }
+    fn len(&self, buf: &CudaSlice<f32>) -> usize {
+        buf.len()
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(|e| {
+            anyhow!("GPU work failed: {e} (set ALEXNET_SYNC_LAUNCHES=1 to find the kernel)")
+        })
+    }
+
+    fn conv_forward(
+        &self,
+        g: &ConvGeom,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        bias: &Self::Buf,
+        y: &mut Self::Buf,
+    ) -> Result<()> {
+        conv::conv_forward(self, g, x, w, bias, y)
+    }
+    fn conv_backward_data(
+        &self,
+        g: &ConvGeom,
+        dy: &Self::Buf,
+        w: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()> {
+        conv::conv_backward_data(self, g, dy, w, dx)
+    }
+    fn conv_backward_filter(
+        &self,
+        g: &ConvGeom,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        dw: &mut Self::Buf,
+    ) -> Result<()> {
+        conv::conv_backward_filter(self, g, x, dy, dw)
+    }
+    fn conv_backward_bias(&self, g: &ConvGeom, dy: &Self::Buf, db: &mut Self::Buf) -> Result<()> {
+        conv::conv_backward_bias(self, g, dy, db)
+    }
+    fn fc_forward(
+        &self,
+        g: &FcGeom,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        b: &Self::Buf,
+        y: &mut Self::Buf,
+    ) -> Result<()> {
+        gemm::fc_forward(self, g, x, w, b, y)
+    }
+    fn fc_backward_data(
+        &self,
+        g: &FcGeom,
+        dy: &Self::Buf,
+        w: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()> {
+        gemm::fc_backward_data(self, g, dy, w, dx)
+    }
+    fn fc_backward_filter(
+        &self,
+        g: &FcGeom,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        dw: &mut Self::Buf,
+    ) -> Result<()> {
+        gemm::fc_backward_filter(self, g, x, dy, dw)
+    }
+    fn fc_backward_bias(&self, g: &FcGeom, dy: &Self::Buf, db: &mut Self::Buf) -> Result<()> {
+        gemm::fc_backward_bias(self, g, dy, db)
+    }
+    fn relu_forward(&self, y: &mut Self::Buf) -> Result<()> {
+        activation::relu_forward(self, y)
+    }
+    fn relu_backward(&self, y: &Self::Buf, d: &mut Self::Buf) -> Result<()> {
+        activation::relu_backward(self, y, d)
+    }
+    fn lrn_forward(
+        &self,
+        p: &LrnParams,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        scale: &mut Self::Buf,
+    ) -> Result<()> {
+        lrn::lrn_forward(self, p, x, y, scale)
+    }
+    fn lrn_backward(
+        &self,
+        p: &LrnParams,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        scale: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()> {
+        lrn::lrn_backward(self, p, x, y, scale, dy, dx)
+    }
+    fn maxpool_forward(&self, g: &PoolGeom, x: &Self::Buf, y: &mut Self::Buf) -> Result<()> {
+        pool::maxpool_forward(self, g, x, y)
+    }
+    fn maxpool_backward(
+        &self,
+        g: &PoolGeom,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()> {
+        pool::maxpool_backward(self, g, x, y, dy, dx)
+    }
+    fn dropout_forward(&self, p: &DropoutParams, y: &mut Self::Buf) -> Result<()> {
+        dropout::dropout_forward(self, p, y)
+    }
+    fn dropout_backward(&self, p: &DropoutParams, d: &mut Self::Buf) -> Result<()> {
+        dropout::dropout_backward(self, p, d)
+    }
+    fn softmax_xent_forward(
+        &self,
+        n: usize,
+        classes: usize,
+        logits: &Self::Buf,
+        labels: &Self::Labels,
+        probs: &mut Self::Buf,
+        loss: &mut Self::Buf,
+    ) -> Result<()> {
+        loss::softmax_xent_forward(self, n, classes, logits, labels, probs, loss)
+    }
+    fn softmax_xent_backward(
+        &self,
+        n: usize,
+        classes: usize,
+        probs: &Self::Buf,
+        labels: &Self::Labels,
+        dlogits: &mut Self::Buf,
+    ) -> Result<()> {
+        loss::softmax_xent_backward(self, n, classes, probs, labels, dlogits)
+    }
+    fn label_rank(
+        &self,
+        n: usize,
+        classes: usize,
+        scores: &Self::Buf,
+        labels: &Self::Labels,
+        rank: &mut Self::Buf,
+    ) -> Result<()> {
+        loss::label_rank(self, n, classes, scores, labels, rank)
+    }
+    fn sgd_update(
+        &self,
+        p: &SgdParams,
+        w: &mut Self::Buf,
+        g: &Self::Buf,
+        v: &mut Self::Buf,
+    ) -> Result<()> {
+        optimizer::sgd_update(self, p, w, g, v)
+    }
+}
+
+/// The device address of a buffer that a kernel both reads and writes (an
+/// in-place op passes it twice). Valid while `buf` lives; the backend's single
+/// stream orders every use.
+fn inplace_ptr(be: &CudaBackend, buf: &mut CudaSlice<f32>) -> u64 {
+    use cudarc::driver::DevicePtrMut;
+    buf.device_ptr_mut(&be.stream).0
+}
+
+impl CudaBackend {
+    /// Times `f` with CUDA events on the backend's stream: `warmup` untimed
+    /// calls, then `reps` calls each between two events. Returns the
+    /// milliseconds of each timed call.
+    pub fn time_events(
+        &self,
+        warmup: usize,
+        reps: usize,
+        mut f: impl FnMut() -> Result<()>,
+    ) -> Result<Vec<f32>> {
+        for _ in 0..warmup {
+            f()?;
+        }
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let events = (0..=reps)
+            .map(|_| self.ctx.new_event(flags).map_err(gpu_err))
+            .collect::<Result<Vec<_>>>()?;
+        events[0].record(&self.stream).map_err(gpu_err)?;
+        for e in &events[1..] {
+            f()?;
+            e.record(&self.stream).map_err(gpu_err)?;
+        }
+        self.synchronize()?;
+        events
+            .windows(2)
+            .map(|w| w[0].elapsed_ms(&w[1]).map_err(gpu_err))
+            .collect()
+    }
+
+    /// A buffer filled with NaN, for tests that check every output is written.
+    pub fn poisoned(&self, len: usize) -> Result<CudaSlice<f32>> {
+        self.upload(&vec![f32::NAN; len])
+    }
+}

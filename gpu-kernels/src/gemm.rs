@@ -1,0 +1,296 @@
+//! Tiled fp32 matrix products: the shared engine behind the fully connected
+//! layers and the implicit-GEMM convolutions (`conv.rs`).
+//!
+//! `C[m, n] = Σ_k A(m, k) · B(k, n)` where `A` and `B` are *operands*: small
+//! types that know how to fetch one element (plain strided matrices here,
+//! gathered image patches in `conv.rs`) and return 0 outside the matrix. The
+//! result goes through an *epilogue* that stores it (adding a bias, or writing
+//! a split-K partial).
+//!
+//! Tiling: a block of 256 threads computes a 64×64 tile of C, stepping through
+//! K 16 at a time. Each step loads a 64×16 tile of A and a 16×64 tile of B into
+//! shared memory (prefetched into registers one step ahead), then each thread
+//! accumulates a 4×4 sub-tile: thread (tx, ty) = (tid % 16, tid / 16) owns rows
+//! `4·ty..4·ty+4` and columns `4·tx..4·tx+4`. Global loads are coalesced along
+//! whichever index is contiguous in memory (`K_FAST`), and that choice keeps
+//! each thread's other index fixed over the K loop, so operand index decoding
+//! (divisions in the conv gathers) is hoisted out of it.
+//!
+//! Grid: x over 64-column tiles of N, y over 64-row tiles of M, z over
+//! independent problems (conv groups × split-K slices).
+
+use crate::device::{bid_x, bid_y, fma, shared, sync_threads, tid_x};
+
+pub const BM: u32 = 64;
+pub const BN: u32 = 64;
+pub const BK: u32 = 16;
+pub const THREADS: u32 = 256;
+/// Row padding of the shared tiles (keeps 16-byte alignment, spreads banks).
+const PAD: u32 = 4;
+const AS_STRIDE: u32 = BM + PAD;
+const BS_STRIDE: u32 = BN + PAD;
+/// Dynamic shared memory the engine needs, in bytes.
+pub const SHARED_BYTES: u32 = (BK * AS_STRIDE + BK * BS_STRIDE) * 4;
+
+/// The left operand, `A(m, k)`.
+pub trait OperandA {
+    /// Whether consecutive `k` are adjacent in memory (else consecutive `m`).
+    const K_FAST: bool;
+    /// `A(m, k)`, or 0 when `(m, k)` is outside the matrix.
+    unsafe fn load(&self, m: u32, k: u32) -> f32;
+}
+
+/// The right operand, `B(k, n)`.
+pub trait OperandB {
+    /// Whether consecutive `k` are adjacent in memory (else consecutive `n`).
+    const K_FAST: bool;
+    /// `B(k, n)`, or 0 when `(k, n)` is outside the matrix.
+    unsafe fn load(&self, k: u32, n: u32) -> f32;
+}
+
+/// Where a finished `C[m, n]` goes (called only for `m < M`, `n < N`).
+pub trait Epilogue {
+    unsafe fn store(&self, m: u32, n: u32, acc: f32);
+}
+
+/// Computes the 64×64 tile of C at block (bid_x, bid_y) over `k` in
+/// `k_begin..k_end`. All 256 threads of the block must call it.
+#[inline(always)]
+pub unsafe fn gemm_tile<A: OperandA, B: OperandB, E: Epilogue>(
+    a: &A,
+    b: &B,
+    e: &E,
+    m_total: u32,
+    n_total: u32,
+    k_begin: u32,
+    k_end: u32,
+) {
+    let tid = tid_x();
+    let tx = tid % 16;
+    let ty = tid / 16;
+    let m0 = bid_y() * BM;
+    let n0 = bid_x() * BN;
+    let a_s: *mut f32 = shared::<f32>();
+    let b_s: *mut f32 = unsafe { a_s.add((BK * AS_STRIDE) as usize) };
+
+    // Which tile element this thread loads in slot r (0..4): (row, k) for A,
+    // (k, col) for B, both relative to the tile origin.
+    let a_coord = |r: u32| -> (u32, u32) {
+        let e = tid + THREADS * r;
+        if A::K_FAST { (e / BK, e % BK) } else { (e % BM, e / BM) }
+    };
+    let b_coord = |r: u32| -> (u32, u32) {
+        let e = tid + THREADS * r;
+        if B::K_FAST { (e % BK, e / BK) } else { (e / BN, e % BN) }
+    };
+
+    let load_regs = |k0: u32, ra: &mut [f32; 4], rb: &mut [f32; 4]| {
+        for r in 0..4 {
+            let (mi, ki) = a_coord(r);
+            let (m, k) = (m0 + mi, k0 + ki);
+            ra[r as usize] =
+                if m < m_total && k < k_end { unsafe { a.load(m, k) } } else { 0.0 };
+            let (ki, ni) = b_coord(r);
+            let (k, n) = (k0 + ki, n0 + ni);
+            rb[r as usize] =
+                if n < n_total && k < k_end { unsafe { b.load(k, n) } } else { 0.0 };
+        }
+    };
+
+    let mut acc = [[0.0f32; 4]; 4];
+    let mut ra = [0.0f32; 4];
+    let mut rb = [0.0f32; 4];
+    let mut k0 = k_begin;
+    if k0 < k_end {
+        load_regs(k0, &mut ra, &mut rb);
+    }
+    while k0 < k_end {
+        for r in 0..4 {
+            let (mi, ki) = a_coord(r);
+            unsafe { *a_s.add((ki * AS_STRIDE + mi) as usize) = ra[r as usize] };
+            let (ki, ni) = b_coord(r);
+            unsafe { *b_s.add((ki * BS_STRIDE + ni) as usize) = rb[r as usize] };
+        }
+        sync_threads();
+        let next = k0 + BK;
+        if next < k_end {
+            load_regs(next, &mut ra, &mut rb);
+        }
+        for kk in 0..BK {
+            let av: [f32; 4] =
+                unsafe { *(a_s.add((kk * AS_STRIDE + ty * 4) as usize) as *const [f32; 4]) };
+            let bv: [f32; 4] =
+                unsafe { *(b_s.add((kk * BS_STRIDE + tx * 4) as usize) as *const [f32; 4]) };
+            for i in 0..4 {
+                for j in 0..4 {
+                    acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+                }
+            }
+        }
+        sync_threads();
+        k0 = next;
+    }
+
+    for i in 0..4u32 {
+        let m = m0 + ty * 4 + i;
+        if m >= m_total {
+            continue;
+        }
+        for j in 0..4u32 {
+            let n = n0 + tx * 4 + j;
+            if n < n_total {
+                unsafe { e.store(m, n, acc[i as usize][j as usize]) };
+            }
+        }
+    }
+}
+
+/// A dense matrix in memory: element (r, c) at `p[r·rs + c·cs]`.
+#[derive(Clone, Copy)]
+pub struct Strided<const K_FAST: bool> {
+    pub p: *const f32,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<const KF: bool> OperandA for Strided<KF> {
+    const K_FAST: bool = KF;
+    #[inline(always)]
+    unsafe fn load(&self, m: u32, k: u32) -> f32 {
+        unsafe { *self.p.add(m as usize * self.rs + k as usize * self.cs) }
+    }
+}
+
+impl<const KF: bool> OperandB for Strided<KF> {
+    const K_FAST: bool = KF;
+    #[inline(always)]
+    unsafe fn load(&self, k: u32, n: u32) -> f32 {
+        unsafe { *self.p.add(k as usize * self.rs + n as usize * self.cs) }
+    }
+}
+
+/// Stores `C[m, n] (+ bias[m] or bias[n])` at `c[m·rs + n·cs]`.
+pub struct StoreStrided {
+    pub c: *mut f32,
+    pub rs: usize,
+    pub cs: usize,
+    /// Bias indexed by row (`bias_by_row`) or by column; null for none.
+    pub bias: *const f32,
+    pub bias_by_row: bool,
+}
+
+impl Epilogue for StoreStrided {
+    #[inline(always)]
+    unsafe fn store(&self, m: u32, n: u32, acc: f32) {
+        let b = if self.bias.is_null() {
+            0.0
+        } else if self.bias_by_row {
+            unsafe { *self.bias.add(m as usize) }
+        } else {
+            unsafe { *self.bias.add(n as usize) }
+        };
+        unsafe { *self.c.add(m as usize * self.rs + n as usize * self.cs) = acc + b };
+    }
+}
+
+/// Fully connected forward, `y[b, o] = Σ_i x[b, i]·w[o, i] + bias[o]`.
+///
+/// As a GEMM: M = batch, N = outputs, K = inputs; A = x (row-major, k fast),
+/// B(k, n) = w[n, k] (k fast). Grid (⌈outputs/64⌉, ⌈batch/64⌉, 1), 256 threads,
+/// `SHARED_BYTES` of dynamic shared memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn fc_forward(
+    x: *const f32,
+    w: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+    batch: u32,
+    inputs: u32,
+    outputs: u32,
+) {
+    let (ni, no) = (inputs as usize, outputs as usize);
+    let a = Strided::<true> { p: x, rs: ni, cs: 1 };
+    let b = Strided::<true> { p: w, rs: 1, cs: ni };
+    let e = StoreStrided { c: y, rs: no, cs: 1, bias, bias_by_row: false };
+    unsafe { gemm_tile(&a, &b, &e, batch, outputs, 0, inputs) };
+}
+
+/// Fully connected data gradient, `dx[b, i] = Σ_o dy[b, o]·w[o, i]`.
+///
+/// M = batch, N = inputs, K = outputs; A = dy (k fast), B(k, n) = w[k, n]
+/// (n fast). Grid (⌈inputs/64⌉, ⌈batch/64⌉, 1).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn fc_backward_data(
+    dy: *const f32,
+    w: *const f32,
+    dx: *mut f32,
+    batch: u32,
+    inputs: u32,
+    outputs: u32,
+) {
+    let (ni, no) = (inputs as usize, outputs as usize);
+    let a = Strided::<true> { p: dy, rs: no, cs: 1 };
+    let b = Strided::<false> { p: w, rs: ni, cs: 1 };
+    let e = StoreStrided { c: dx, rs: ni, cs: 1, bias: core::ptr::null(), bias_by_row: false };
+    unsafe { gemm_tile(&a, &b, &e, batch, inputs, 0, outputs) };
+}
+
+/// Fully connected weight gradient, `dw[o, i] = Σ_b dy[b, o]·x[b, i]`.
+///
+/// M = outputs, N = inputs, K = batch; A(m, k) = dy[k, m] (m fast),
+/// B(k, n) = x[k, n] (n fast). Grid (⌈inputs/64⌉, ⌈outputs/64⌉, 1).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn fc_backward_filter(
+    x: *const f32,
+    dy: *const f32,
+    dw: *mut f32,
+    batch: u32,
+    inputs: u32,
+    outputs: u32,
+) {
+    let (ni, no) = (inputs as usize, outputs as usize);
+    let a = Strided::<false> { p: dy, rs: 1, cs: no };
+    let b = Strided::<false> { p: x, rs: ni, cs: 1 };
+    let e = StoreStrided { c: dw, rs: ni, cs: 1, bias: core::ptr::null(), bias_by_row: false };
+    unsafe { gemm_tile(&a, &b, &e, outputs, inputs, 0, batch) };
+}
+
+/// Fully connected bias gradient, `db[o] = Σ_b dy[b, o]`: one thread per
+/// output (coalesced across o), summing over the batch in order.
+/// Grid ⌈outputs/256⌉ × 256 threads.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn fc_backward_bias(
+    dy: *const f32,
+    db: *mut f32,
+    batch: u32,
+    outputs: u32,
+) {
+    let o = bid_x() * 256 + tid_x();
+    if o < outputs {
+        let mut s = 0.0f32;
+        for b in 0..batch {
+            s += unsafe { *dy.add(b as usize * outputs as usize + o as usize) };
+        }
+        unsafe { *db.add(o as usize) = s };
+    }
+}
+
+/// Sums `parts` split-K partial results `ws[p·len + i]` into `out[i]`, in a
+/// fixed order (deterministic). 1-D grid-stride.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn splitk_reduce(
+    ws: *const f32,
+    out: *mut f32,
+    len: usize,
+    parts: u32,
+) {
+    let (mut i, step) = crate::device::grid_stride();
+    while i < len {
+        let mut s = 0.0f32;
+        for p in 0..parts as usize {
+            s += unsafe { *ws.add(p * len + i) };
+        }
+        unsafe { *out.add(i) = s };
+        i += step;
+    }
+}

@@ -1,0 +1,142 @@
+//! Launchers for the implicit-GEMM convolution kernels (`conv_forward`,
+//! `conv_backward_data`, `conv_backward_filter` + `splitk_reduce`) and
+//! `conv_backward_bias` (one 256-thread block per channel).
+//!
+//! The weight gradient's GEMM has a small result (C_out/G × C_in/G·KH·KW) and a
+//! huge reduction (N·OH·OW), so it is split over K until the grid has about
+//! two blocks per SM; the slices' partials land in a workspace and
+//! `splitk_reduce` adds them in a fixed order, keeping results deterministic.
+
+use super::gemm::tiles;
+use super::{CudaBackend, check_len, grid_1d, launch};
+use crate::backend::ConvGeom;
+use anyhow::{Result, bail};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
+
+/// Mirror of `gpu_kernels::conv::ConvShape` (passed by value).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct ConvShape {
+    n: u32,
+    c_in: u32,
+    h: u32,
+    w: u32,
+    c_out: u32,
+    kh: u32,
+    kw: u32,
+    stride: u32,
+    pad: u32,
+    groups: u32,
+    oh: u32,
+    ow: u32,
+}
+
+unsafe impl DeviceRepr for ConvShape {}
+
+fn shape(g: &ConvGeom) -> Result<ConvShape> {
+    if g.groups == 0 || g.c_in % g.groups != 0 || g.c_out % g.groups != 0 || g.stride == 0 {
+        bail!("invalid convolution {g:?}: channels must divide by groups, stride ≥ 1");
+    }
+    if g.h + 2 * g.pad < g.k_h || g.w + 2 * g.pad < g.k_w {
+        bail!("invalid convolution {g:?}: the kernel is larger than the padded input");
+    }
+    Ok(ConvShape {
+        n: g.n as u32,
+        c_in: g.c_in as u32,
+        h: g.h as u32,
+        w: g.w as u32,
+        c_out: g.c_out as u32,
+        kh: g.k_h as u32,
+        kw: g.k_w as u32,
+        stride: g.stride as u32,
+        pad: g.pad as u32,
+        groups: g.groups as u32,
+        oh: g.out_h() as u32,
+        ow: g.out_w() as u32,
+    })
+}
+
+pub(super) fn conv_forward(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    bias: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let s = shape(g)?;
+    check_len("conv_forward x", x, g.x_len())?;
+    check_len("conv_forward w", w, g.w_len())?;
+    check_len("conv_forward bias", bias, g.c_out)?;
+    check_len("conv_forward y", y, g.y_len())?;
+    let cfg = tiles(g.c_out / g.groups, g.n * g.out_h() * g.out_w(), g.groups);
+    launch!(be, "conv_forward", cfg, || format!("{g:?}"); &s, x, w, bias, y)
+}
+
+pub(super) fn conv_backward_data(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    dy: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    dx: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let s = shape(g)?;
+    check_len("conv_backward_data dy", dy, g.y_len())?;
+    check_len("conv_backward_data w", w, g.w_len())?;
+    check_len("conv_backward_data dx", dx, g.x_len())?;
+    let cfg = tiles(g.c_in / g.groups, g.n * g.h * g.w, g.groups);
+    launch!(be, "conv_backward_data", cfg, || format!("{g:?}"); &s, dy, w, dx)
+}
+
+/// How many K slices the weight gradient uses: enough blocks for ~2 per SM,
+/// each slice still at least 1024 deep.
+fn filter_splits(be: &CudaBackend, g: &ConvGeom) -> u32 {
+    let m = g.c_out / g.groups;
+    let n = (g.c_in / g.groups) * g.k_h * g.k_w;
+    let blocks = m.div_ceil(64) * n.div_ceil(64) * g.groups;
+    let k = g.n * g.out_h() * g.out_w();
+    let want = (2 * be.sm_count() as usize).div_ceil(blocks);
+    want.min(k / 1024).clamp(1, 64) as u32
+}
+
+pub(super) fn conv_backward_filter(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    x: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    dw: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let s = shape(g)?;
+    check_len("conv_backward_filter x", x, g.x_len())?;
+    check_len("conv_backward_filter dy", dy, g.y_len())?;
+    check_len("conv_backward_filter dw", dw, g.w_len())?;
+    let splits = filter_splits(be, g);
+    let n_len = (g.c_in / g.groups) * g.k_h * g.k_w;
+    let cfg = tiles(g.c_out / g.groups, n_len, g.groups * splits as usize);
+    let what = || format!("{g:?} splits={splits}");
+    if splits == 1 {
+        return launch!(be, "conv_backward_filter", cfg, what; &s, x, dy, dw, &splits);
+    }
+    let len = g.w_len();
+    be.with_workspace(len * splits as usize, |ws| {
+        launch!(be, "conv_backward_filter", cfg, what; &s, x, dy, &mut *ws, &splits)?;
+        launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits)
+    })
+}
+
+pub(super) fn conv_backward_bias(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    dy: &CudaSlice<f32>,
+    db: &mut CudaSlice<f32>,
+) -> Result<()> {
+    check_len("conv_backward_bias dy", dy, g.y_len())?;
+    check_len("conv_backward_bias db", db, g.c_out)?;
+    let (n, c, hw) = (g.n as u32, g.c_out as u32, (g.out_h() * g.out_w()) as u32);
+    let cfg = LaunchConfig {
+        grid_dim: (c, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 32 * 4,
+    };
+    launch!(be, "conv_backward_bias", cfg, || format!("{g:?}"); dy, db, &n, &c, &hw)
+}

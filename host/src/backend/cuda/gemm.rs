@@ -1,0 +1,86 @@
+//! Launchers for the fully connected kernels: `fc_forward`, `fc_backward_data`,
+//! `fc_backward_filter` (64×64 output tiles of 256 threads, grid x over the
+//! GEMM's N and y over its M; see `gpu-kernels/src/gemm.rs`) and
+//! `fc_backward_bias` (one thread per output).
+
+use super::{CudaBackend, check_len, launch};
+use crate::backend::FcGeom;
+use anyhow::Result;
+use cudarc::driver::{CudaSlice, LaunchConfig};
+
+/// Tile grid of the GEMM engine for an `m × n` result, `z` problems.
+pub(super) fn tiles(m: usize, n: usize, z: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, z as u32),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: GEMM_SHARED_BYTES,
+    }
+}
+
+/// Must equal `gpu_kernels::gemm::SHARED_BYTES`: 16·(64+4)·2 floats.
+pub(super) const GEMM_SHARED_BYTES: u32 = 16 * (64 + 4) * 2 * 4;
+
+fn dims(g: &FcGeom) -> (u32, u32, u32) {
+    (g.n as u32, g.inputs as u32, g.outputs as u32)
+}
+
+pub(super) fn fc_forward(
+    be: &CudaBackend,
+    g: &FcGeom,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+) -> Result<()> {
+    check_len("fc_forward x", x, g.n * g.inputs)?;
+    check_len("fc_forward w", w, g.outputs * g.inputs)?;
+    check_len("fc_forward bias", b, g.outputs)?;
+    check_len("fc_forward y", y, g.n * g.outputs)?;
+    let (n, i, o) = dims(g);
+    launch!(be, "fc_forward", tiles(g.n, g.outputs, 1), || format!("{g:?}"); x, w, b, y, &n, &i, &o)
+}
+
+pub(super) fn fc_backward_data(
+    be: &CudaBackend,
+    g: &FcGeom,
+    dy: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    dx: &mut CudaSlice<f32>,
+) -> Result<()> {
+    check_len("fc_backward_data dy", dy, g.n * g.outputs)?;
+    check_len("fc_backward_data w", w, g.outputs * g.inputs)?;
+    check_len("fc_backward_data dx", dx, g.n * g.inputs)?;
+    let (n, i, o) = dims(g);
+    launch!(be, "fc_backward_data", tiles(g.n, g.inputs, 1), || format!("{g:?}"); dy, w, dx, &n, &i, &o)
+}
+
+pub(super) fn fc_backward_filter(
+    be: &CudaBackend,
+    g: &FcGeom,
+    x: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    dw: &mut CudaSlice<f32>,
+) -> Result<()> {
+    check_len("fc_backward_filter x", x, g.n * g.inputs)?;
+    check_len("fc_backward_filter dy", dy, g.n * g.outputs)?;
+    check_len("fc_backward_filter dw", dw, g.outputs * g.inputs)?;
+    let (n, i, o) = dims(g);
+    launch!(be, "fc_backward_filter", tiles(g.outputs, g.inputs, 1), || format!("{g:?}"); x, dy, dw, &n, &i, &o)
+}
+
+pub(super) fn fc_backward_bias(
+    be: &CudaBackend,
+    g: &FcGeom,
+    dy: &CudaSlice<f32>,
+    db: &mut CudaSlice<f32>,
+) -> Result<()> {
+    check_len("fc_backward_bias dy", dy, g.n * g.outputs)?;
+    check_len("fc_backward_bias db", db, g.outputs)?;
+    let (n, _, o) = dims(g);
+    let cfg = LaunchConfig {
+        grid_dim: (g.outputs.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(be, "fc_backward_bias", cfg, || format!("{g:?}"); dy, db, &n, &o)
+}

@@ -1,0 +1,759 @@
+//! GPU kernels against the CPU reference backend.
+//!
+//! Every kernel runs on fresh random inputs (seed printed; set
+//! `ALEXNET_TEST_SEED` to repeat one) over odd shapes that are not multiples
+//! of any tile size, batch 1, groups 2 and AlexNet's exact layer shapes, with
+//! its outputs poisoned with NaN first, and must reach ‖gpu − ref‖/‖ref‖ ≤ tol.
+//! Tolerances: 1e-5 for fp32 products and sums (the f64 reference differs
+//! from fp32 accumulation by about ε·√K ≈ 6e-8·60 for K ≈ 4k), 1e-5 for LRN and
+//! softmax (PTX ex2/lg2 have ~2^-22 relative error), 0 where the GPU must be
+//! bit-identical (dropout masks, pooling forward, ranks).
+//!
+//! A custom harness (no libtest): without a GPU it prints one SKIPPED line per
+//! test and a summary saying why, so a skip is never mistaken for a pass.
+//! Arguments filter tests by substring (`cargo test --test gpu_ops -- conv`).
+
+use anyhow::Result;
+use host::backend::cpu::CpuBackend;
+use host::backend::cuda::{CudaBackend, unavailable_reason};
+use host::backend::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+struct Ctx {
+    gpu: CudaBackend,
+    cpu: CpuBackend,
+    rng: StdRng,
+    checks: usize,
+    failures: Vec<String>,
+}
+
+impl Ctx {
+    fn randn(&mut self, len: usize, scale: f32) -> Vec<f32> {
+        (0..len)
+            .map(|_| (self.rng.random::<f32>() * 2.0 - 1.0) * scale)
+            .collect()
+    }
+
+    /// Compares and records; prints one line per comparison.
+    fn check(&mut self, test: &str, case: &str, got: &[f32], want: &[f32], tol: f64) {
+        self.checks += 1;
+        let (mut num, mut den, mut nan) = (0.0f64, 0.0f64, 0usize);
+        for (&g, &w) in got.iter().zip(want) {
+            if !g.is_finite() {
+                nan += 1;
+            }
+            num += (g as f64 - w as f64).powi(2);
+            den += (w as f64).powi(2);
+        }
+        let rel = if den > 0.0 {
+            (num / den).sqrt()
+        } else {
+            num.sqrt()
+        };
+        let ok = got.len() == want.len() && nan == 0 && rel <= tol;
+        println!(
+            "  {} {test:<24} {case:<44} rel_err {rel:.2e} (tol {tol:.0e}){}",
+            if ok { "ok  " } else { "FAIL" },
+            if nan > 0 {
+                format!(" {nan} non-finite")
+            } else {
+                String::new()
+            }
+        );
+        if !ok {
+            self.failures.push(format!(
+                "{test} {case}: rel_err {rel:.2e}, {nan} non-finite, len {} vs {}",
+                got.len(),
+                want.len()
+            ));
+        }
+    }
+}
+
+type Test = fn(&mut Ctx) -> Result<()>;
+
+/// `ALEXNET_TEST_SMALL=1` drops the AlexNet-sized cases (for the sanitizers,
+/// which slow kernels down a hundredfold or more).
+fn small_only() -> bool {
+    std::env::var("ALEXNET_TEST_SMALL").is_ok_and(|v| v == "1")
+}
+
+fn keep<T>(cases: Vec<(&'static str, T)>) -> Vec<(&'static str, T)> {
+    cases
+        .into_iter()
+        .filter(|(name, _)| !(small_only() && name.starts_with("alexnet")))
+        .collect()
+}
+
+const TESTS: &[(&str, Test)] = &[
+    ("conv_forward", conv_forward),
+    ("conv_backward_data", conv_backward_data),
+    ("conv_backward_filter", conv_backward_filter),
+    ("conv_backward_bias", conv_backward_bias),
+    ("fc_forward", fc_forward),
+    ("fc_backward_data", fc_backward_data),
+    ("fc_backward_filter", fc_backward_filter),
+    ("fc_backward_bias", fc_backward_bias),
+    ("relu_forward", relu_forward),
+    ("relu_backward", relu_backward),
+    ("lrn_forward", lrn_forward),
+    ("lrn_backward", lrn_backward),
+    ("maxpool_forward", maxpool_forward),
+    ("maxpool_backward", maxpool_backward),
+    ("dropout_forward", dropout_forward),
+    ("dropout_backward", dropout_backward),
+    ("softmax_xent_forward", softmax_xent_forward),
+    ("softmax_xent_backward", softmax_xent_backward),
+    ("label_rank", label_rank),
+    ("sgd_update", sgd_update),
+];
+
+fn main() {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let selected: Vec<_> = TESTS
+        .iter()
+        .filter(|(n, _)| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str())))
+        .collect();
+    if let Some(why) = unavailable_reason() {
+        for (name, _) in &selected {
+            println!("test {name} ... SKIPPED (no GPU)");
+        }
+        println!(
+            "\ngpu_ops: {} GPU tests SKIPPED, not run: {why}",
+            selected.len()
+        );
+        return;
+    }
+    let seed = std::env::var("ALEXNET_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    let gpu = CudaBackend::new(0).unwrap_or_else(|e| {
+        eprintln!("gpu_ops: cannot open GPU 0: {e:#}");
+        std::process::exit(1);
+    });
+    println!(
+        "gpu_ops on {} (seed {seed}; ALEXNET_TEST_SEED={seed} repeats it)",
+        gpu.name()
+    );
+    let mut ctx = Ctx {
+        gpu,
+        cpu: CpuBackend,
+        rng: StdRng::seed_from_u64(seed),
+        checks: 0,
+        failures: vec![],
+    };
+    let mut errors = 0;
+    if small_only() {
+        println!("ALEXNET_TEST_SMALL=1: AlexNet-sized cases left out");
+    }
+    for (name, test) in &selected {
+        println!("test {name}");
+        if let Err(e) = test(&mut ctx).and_then(|_| ctx.gpu.synchronize()) {
+            println!("  ERROR {e:#}");
+            ctx.failures.push(format!("{name}: {e:#}"));
+            errors += 1;
+        }
+    }
+    println!(
+        "\ngpu_ops: {} tests, {} comparisons, {} failed",
+        selected.len(),
+        ctx.checks,
+        ctx.failures.len()
+    );
+    for f in &ctx.failures {
+        println!("  FAILED {f}");
+    }
+    if !ctx.failures.is_empty() || errors > 0 {
+        std::process::exit(1);
+    }
+}
+
+fn conv_cases() -> Vec<(&'static str, ConvGeom)> {
+    keep(all_conv_cases())
+}
+
+fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
+    let g = |n, c_in, h, w, c_out, k, stride, pad, groups| ConvGeom {
+        n,
+        c_in,
+        h,
+        w,
+        c_out,
+        k_h: k,
+        k_w: k,
+        stride,
+        pad,
+        groups,
+    };
+    vec![
+        (
+            "odd 3x5x13x13 -> 7 k3 s2 p1",
+            g(3, 5, 13, 13, 7, 3, 2, 1, 1),
+        ),
+        (
+            "groups2 2x6x11x9 -> 10 k5 s1 p2",
+            g(2, 6, 11, 9, 10, 5, 1, 2, 2),
+        ),
+        (
+            "batch1 1x3x17x17 -> 65 k4 s3 p0",
+            g(1, 3, 17, 17, 65, 4, 3, 0, 1),
+        ),
+        (
+            "even kernel 2x4x7x12 -> 70 k2 s1 p1",
+            g(2, 4, 7, 12, 70, 2, 1, 1, 1),
+        ),
+        (
+            "alexnet conv1 n2 3x224 -> 96 k11 s4 p2",
+            g(2, 3, 224, 224, 96, 11, 4, 2, 1),
+        ),
+        (
+            "alexnet conv2 n2 96x27 -> 256 k5 p2 g2",
+            g(2, 96, 27, 27, 256, 5, 1, 2, 2),
+        ),
+        (
+            "alexnet conv3 n2 256x13 -> 384 k3 p1",
+            g(2, 256, 13, 13, 384, 3, 1, 1, 1),
+        ),
+        (
+            "alexnet conv4 n2 384x13 -> 384 k3 p1 g2",
+            g(2, 384, 13, 13, 384, 3, 1, 1, 2),
+        ),
+        (
+            "alexnet conv5 n2 384x13 -> 256 k3 p1 g2",
+            g(2, 384, 13, 13, 256, 3, 1, 1, 2),
+        ),
+    ]
+}
+
+fn conv_forward(c: &mut Ctx) -> Result<()> {
+    for (case, g) in conv_cases() {
+        let (x, w, b) = (
+            c.randn(g.x_len(), 1.0),
+            c.randn(g.w_len(), 0.1),
+            c.randn(g.c_out, 1.0),
+        );
+        let mut want = vec![0.0; g.y_len()];
+        c.cpu.conv_forward(&g, &x, &w, &b, &mut want)?;
+        let (gx, gw, gb) = (c.gpu.upload(&x)?, c.gpu.upload(&w)?, c.gpu.upload(&b)?);
+        let mut gy = c.gpu.poisoned(g.y_len())?;
+        c.gpu.conv_forward(&g, &gx, &gw, &gb, &mut gy)?;
+        let got = c.gpu.download(&gy)?;
+        c.check("conv_forward", case, &got, &want, 1e-5);
+    }
+    Ok(())
+}
+
+fn conv_backward_data(c: &mut Ctx) -> Result<()> {
+    for (case, g) in conv_cases() {
+        let (dy, w) = (c.randn(g.y_len(), 1.0), c.randn(g.w_len(), 0.1));
+        let mut want = vec![0.0; g.x_len()];
+        c.cpu.conv_backward_data(&g, &dy, &w, &mut want)?;
+        let (gdy, gw) = (c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
+        let mut gdx = c.gpu.poisoned(g.x_len())?;
+        c.gpu.conv_backward_data(&g, &gdy, &gw, &mut gdx)?;
+        let got = c.gpu.download(&gdx)?;
+        c.check("conv_backward_data", case, &got, &want, 1e-5);
+    }
+    Ok(())
+}
+
+fn conv_backward_filter(c: &mut Ctx) -> Result<()> {
+    for (case, g) in conv_cases() {
+        let (x, dy) = (c.randn(g.x_len(), 1.0), c.randn(g.y_len(), 1.0));
+        let mut want = vec![0.0; g.w_len()];
+        c.cpu.conv_backward_filter(&g, &x, &dy, &mut want)?;
+        let (gx, gdy) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?);
+        let mut gdw = c.gpu.poisoned(g.w_len())?;
+        c.gpu.conv_backward_filter(&g, &gx, &gdy, &mut gdw)?;
+        let got = c.gpu.download(&gdw)?;
+        c.check("conv_backward_filter", case, &got, &want, 1e-5);
+    }
+    // Large enough batch for the split-K path (AlexNet conv3 at batch 16).
+    let g = all_conv_cases()[6].1;
+    let g = ConvGeom {
+        n: if small_only() { 5 } else { 16 },
+        ..g
+    };
+    let (x, dy) = (c.randn(g.x_len(), 1.0), c.randn(g.y_len(), 1.0));
+    let mut want = vec![0.0; g.w_len()];
+    c.cpu.conv_backward_filter(&g, &x, &dy, &mut want)?;
+    let (gx, gdy) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?);
+    let mut gdw = c.gpu.poisoned(g.w_len())?;
+    c.gpu.conv_backward_filter(&g, &gx, &gdy, &mut gdw)?;
+    let got = c.gpu.download(&gdw)?;
+    c.check(
+        "conv_backward_filter",
+        "alexnet conv3 n16 or n5 (split-K)",
+        &got,
+        &want,
+        1e-5,
+    );
+    Ok(())
+}
+
+fn conv_backward_bias(c: &mut Ctx) -> Result<()> {
+    for (case, g) in conv_cases() {
+        let dy = c.randn(g.y_len(), 1.0);
+        let mut want = vec![0.0; g.c_out];
+        c.cpu.conv_backward_bias(&g, &dy, &mut want)?;
+        let gdy = c.gpu.upload(&dy)?;
+        let mut gdb = c.gpu.poisoned(g.c_out)?;
+        c.gpu.conv_backward_bias(&g, &gdy, &mut gdb)?;
+        let got = c.gpu.download(&gdb)?;
+        c.check("conv_backward_bias", case, &got, &want, 1e-5);
+    }
+    Ok(())
+}
+
+fn fc_cases() -> Vec<(&'static str, FcGeom)> {
+    let g = |n, inputs, outputs| FcGeom { n, inputs, outputs };
+    keep(vec![
+        ("odd 3x37 -> 29", g(3, 37, 29)),
+        ("batch1 1x100 -> 65", g(1, 100, 65)),
+        ("odd 67x130 -> 131", g(67, 130, 131)),
+        ("alexnet fc6 n4 9216 -> 4096", g(4, 9216, 4096)),
+        ("alexnet fc7 n128 4096 -> 4096", g(128, 4096, 4096)),
+        ("alexnet fc8 n128 4096 -> 1000", g(128, 4096, 1000)),
+    ])
+}
+
+fn fc_forward(c: &mut Ctx) -> Result<()> {
+    for (case, g) in fc_cases() {
+        let (x, w, b) = (
+            c.randn(g.n * g.inputs, 1.0),
+            c.randn(g.outputs * g.inputs, 0.05),
+            c.randn(g.outputs, 1.0),
+        );
+        let mut want = vec![0.0; g.n * g.outputs];
+        c.cpu.fc_forward(&g, &x, &w, &b, &mut want)?;
+        let (gx, gw, gb) = (c.gpu.upload(&x)?, c.gpu.upload(&w)?, c.gpu.upload(&b)?);
+        let mut gy = c.gpu.poisoned(want.len())?;
+        c.gpu.fc_forward(&g, &gx, &gw, &gb, &mut gy)?;
+        let got = c.gpu.download(&gy)?;
+        c.check("fc_forward", case, &got, &want, 1e-5);
+    }
+    Ok(())
+}
+
+fn fc_backward_data(c: &mut Ctx) -> Result<()> {
+    for (case, g) in fc_cases() {
+        let (dy, w) = (
+            c.randn(g.n * g.outputs, 1.0),
+            c.randn(g.outputs * g.inputs, 0.05),
+        );
+        let mut want = vec![0.0; g.n * g.inputs];
+        c.cpu.fc_backward_data(&g, &dy, &w, &mut want)?;
+        let (gdy, gw) = (c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
+        let mut gdx = c.gpu.poisoned(want.len())?;
+        c.gpu.fc_backward_data(&g, &gdy, &gw, &mut gdx)?;
+        let got = c.gpu.download(&gdx)?;
+        c.check("fc_backward_data", case, &got, &want, 1e-5);
+    }
+    Ok(())
+}
+
+fn fc_backward_filter(c: &mut Ctx) -> Result<()> {
+    for (case, g) in fc_cases() {
+        let (x, dy) = (c.randn(g.n * g.inputs, 1.0), c.randn(g.n * g.outputs, 1.0));
+        let mut want = vec![0.0; g.outputs * g.inputs];
+        c.cpu.fc_backward_filter(&g, &x, &dy, &mut want)?;
+        let (gx, gdy) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?);
+        let mut gdw = c.gpu.poisoned(want.len())?;
+        c.gpu.fc_backward_filter(&g, &gx, &gdy, &mut gdw)?;
+        let got = c.gpu.download(&gdw)?;
+        c.check("fc_backward_filter", case, &got, &want, 1e-5);
+    }
+    Ok(())
+}
+
+fn fc_backward_bias(c: &mut Ctx) -> Result<()> {
+    for (case, g) in fc_cases() {
+        let dy = c.randn(g.n * g.outputs, 1.0);
+        let mut want = vec![0.0; g.outputs];
+        c.cpu.fc_backward_bias(&g, &dy, &mut want)?;
+        let gdy = c.gpu.upload(&dy)?;
+        let mut gdb = c.gpu.poisoned(g.outputs)?;
+        c.gpu.fc_backward_bias(&g, &gdy, &mut gdb)?;
+        let got = c.gpu.download(&gdb)?;
+        c.check("fc_backward_bias", case, &got, &want, 1e-5);
+    }
+    Ok(())
+}
+
+fn elementwise_lens() -> Vec<(&'static str, usize)> {
+    keep(vec![
+        ("n=1", 1),
+        ("n=1001", 1001),
+        ("alexnet conv1 out n128", 128 * 96 * 55 * 55),
+    ])
+}
+
+fn relu_forward(c: &mut Ctx) -> Result<()> {
+    for (case, n) in elementwise_lens() {
+        let x = c.randn(n, 1.0);
+        let mut want = x.clone();
+        c.cpu.relu_forward(&mut want)?;
+        let mut gy = c.gpu.upload(&x)?;
+        c.gpu.relu_forward(&mut gy)?;
+        let got = c.gpu.download(&gy)?;
+        c.check("relu_forward", case, &got, &want, 0.0);
+    }
+    Ok(())
+}
+
+fn relu_backward(c: &mut Ctx) -> Result<()> {
+    for (case, n) in elementwise_lens() {
+        let (mut y, d) = (c.randn(n, 1.0), c.randn(n, 1.0));
+        c.cpu.relu_forward(&mut y)?;
+        let mut want = d.clone();
+        c.cpu.relu_backward(&y, &mut want)?;
+        let (gy, mut gd) = (c.gpu.upload(&y)?, c.gpu.upload(&d)?);
+        c.gpu.relu_backward(&gy, &mut gd)?;
+        let got = c.gpu.download(&gd)?;
+        c.check("relu_backward", case, &got, &want, 0.0);
+    }
+    Ok(())
+}
+
+fn lrn_cases() -> Vec<(&'static str, LrnParams)> {
+    let p = |n, c, h, w, size| LrnParams {
+        n,
+        c,
+        h,
+        w,
+        size,
+        alpha: 1e-4,
+        beta: 0.75,
+        k: 2.0,
+    };
+    keep(vec![
+        ("odd 3x7x5x9 size5", p(3, 7, 5, 9, 5)),
+        ("batch1 1x3x4x4 size5 (window > C)", p(1, 3, 4, 4, 5)),
+        ("even size 2x6x3x3 size4", p(2, 6, 3, 3, 4)),
+        (
+            "strong alpha 2x9x5x5",
+            LrnParams {
+                alpha: 0.5,
+                ..p(2, 9, 5, 5, 5)
+            },
+        ),
+        ("alexnet lrn1 n8 96x55x55", p(8, 96, 55, 55, 5)),
+        ("alexnet lrn2 n8 256x27x27", p(8, 256, 27, 27, 5)),
+    ])
+}
+
+fn lrn_forward(c: &mut Ctx) -> Result<()> {
+    for (case, p) in lrn_cases() {
+        let x = c.randn(p.len(), 3.0);
+        let (mut want_y, mut want_s) = (vec![0.0; p.len()], vec![0.0; p.len()]);
+        c.cpu.lrn_forward(&p, &x, &mut want_y, &mut want_s)?;
+        let gx = c.gpu.upload(&x)?;
+        let (mut gy, mut gs) = (c.gpu.poisoned(p.len())?, c.gpu.poisoned(p.len())?);
+        c.gpu.lrn_forward(&p, &gx, &mut gy, &mut gs)?;
+        let (got_y, got_s) = (c.gpu.download(&gy)?, c.gpu.download(&gs)?);
+        c.check("lrn_forward", &format!("{case} y"), &got_y, &want_y, 1e-5);
+        c.check(
+            "lrn_forward",
+            &format!("{case} scale"),
+            &got_s,
+            &want_s,
+            1e-5,
+        );
+    }
+    Ok(())
+}
+
+fn lrn_backward(c: &mut Ctx) -> Result<()> {
+    for (case, p) in lrn_cases() {
+        let (x, dy) = (c.randn(p.len(), 3.0), c.randn(p.len(), 1.0));
+        let (mut y, mut s) = (vec![0.0; p.len()], vec![0.0; p.len()]);
+        c.cpu.lrn_forward(&p, &x, &mut y, &mut s)?;
+        let mut want = vec![0.0; p.len()];
+        c.cpu.lrn_backward(&p, &x, &y, &s, &dy, &mut want)?;
+        let (gx, gy, gs, gdy) = (
+            c.gpu.upload(&x)?,
+            c.gpu.upload(&y)?,
+            c.gpu.upload(&s)?,
+            c.gpu.upload(&dy)?,
+        );
+        let mut gdx = c.gpu.poisoned(p.len())?;
+        c.gpu.lrn_backward(&p, &gx, &gy, &gs, &gdy, &mut gdx)?;
+        let got = c.gpu.download(&gdx)?;
+        c.check("lrn_backward", case, &got, &want, 1e-5);
+    }
+    Ok(())
+}
+
+fn pool_cases() -> Vec<(&'static str, PoolGeom)> {
+    let g = |n, c, h, w, size, stride| PoolGeom {
+        n,
+        c,
+        h,
+        w,
+        size,
+        stride,
+    };
+    keep(vec![
+        ("odd 3x5x13x11 3/2", g(3, 5, 13, 11, 3, 2)),
+        ("batch1 1x1x9x9 3/2", g(1, 1, 9, 9, 3, 2)),
+        ("non-overlapping 2x3x8x6 2/2", g(2, 3, 8, 6, 2, 2)),
+        ("gapped 2x2x10x10 2/3", g(2, 2, 10, 10, 2, 3)),
+        ("alexnet pool1 n8 96x55x55", g(8, 96, 55, 55, 3, 2)),
+        ("alexnet pool2 n8 256x27x27", g(8, 256, 27, 27, 3, 2)),
+        ("alexnet pool5 n8 256x13x13", g(8, 256, 13, 13, 3, 2)),
+    ])
+}
+
+/// Random input with ties (values on a coarse grid) to exercise the tie rule.
+fn pool_input(c: &mut Ctx, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|_| (c.rng.random_range(-8i32..8) as f32) * 0.25)
+        .collect()
+}
+
+fn maxpool_forward(c: &mut Ctx) -> Result<()> {
+    for (case, g) in pool_cases() {
+        let x = pool_input(c, g.x_len());
+        let mut want = vec![0.0; g.y_len()];
+        c.cpu.maxpool_forward(&g, &x, &mut want)?;
+        let gx = c.gpu.upload(&x)?;
+        let mut gy = c.gpu.poisoned(g.y_len())?;
+        c.gpu.maxpool_forward(&g, &gx, &mut gy)?;
+        let got = c.gpu.download(&gy)?;
+        c.check("maxpool_forward", case, &got, &want, 0.0);
+    }
+    Ok(())
+}
+
+fn maxpool_backward(c: &mut Ctx) -> Result<()> {
+    for (case, g) in pool_cases() {
+        let (x, dy) = (pool_input(c, g.x_len()), c.randn(g.y_len(), 1.0));
+        let mut y = vec![0.0; g.y_len()];
+        c.cpu.maxpool_forward(&g, &x, &mut y)?;
+        let mut want = vec![0.0; g.x_len()];
+        c.cpu.maxpool_backward(&g, &x, &y, &dy, &mut want)?;
+        let (gx, gy, gdy) = (c.gpu.upload(&x)?, c.gpu.upload(&y)?, c.gpu.upload(&dy)?);
+        let mut gdx = c.gpu.poisoned(g.x_len())?;
+        c.gpu.maxpool_backward(&g, &gx, &gy, &gdy, &mut gdx)?;
+        let got = c.gpu.download(&gdx)?;
+        c.check("maxpool_backward", case, &got, &want, 1e-6);
+    }
+    Ok(())
+}
+
+fn dropout_cases(c: &mut Ctx) -> Vec<(String, DropoutParams, usize)> {
+    let seed = c.rng.random::<u64>();
+    vec![
+        (
+            "p=0.5 n=1".into(),
+            DropoutParams {
+                p: 0.5,
+                seed,
+                step: 3,
+            },
+            1,
+        ),
+        (
+            "p=0.5 n=4099".into(),
+            DropoutParams {
+                p: 0.5,
+                seed,
+                step: 7,
+            },
+            4099,
+        ),
+        (
+            "p=0 n=1000 (identity)".into(),
+            DropoutParams {
+                p: 0.0,
+                seed,
+                step: 1,
+            },
+            1000,
+        ),
+        (
+            "p=0.3 step 2^33 n=10007".into(),
+            DropoutParams {
+                p: 0.3,
+                seed,
+                step: 1 << 33,
+            },
+            10007,
+        ),
+        (
+            "alexnet fc6 n128 p=0.5".into(),
+            DropoutParams {
+                p: 0.5,
+                seed,
+                step: 12345,
+            },
+            128 * 4096,
+        ),
+    ]
+}
+
+fn dropout_forward(c: &mut Ctx) -> Result<()> {
+    for (case, p, n) in dropout_cases(c) {
+        let x = c.randn(n, 1.0);
+        let mut want = x.clone();
+        c.cpu.dropout_forward(&p, &mut want)?;
+        let mut gy = c.gpu.upload(&x)?;
+        c.gpu.dropout_forward(&p, &mut gy)?;
+        let got = c.gpu.download(&gy)?;
+        c.check("dropout_forward", &case, &got, &want, 0.0);
+        if p.p > 0.0 && n > 1000 {
+            let kept = got.iter().filter(|v| **v != 0.0).count() as f64 / n as f64;
+            let ok = (kept - (1.0 - p.p as f64)).abs() < 5.0 / (n as f64).sqrt();
+            c.check(
+                "dropout_forward",
+                &format!("{case} keep rate {kept:.3}"),
+                &[ok as u8 as f32],
+                &[1.0],
+                0.0,
+            );
+        }
+    }
+    Ok(())
+}
+
+fn dropout_backward(c: &mut Ctx) -> Result<()> {
+    for (case, p, n) in dropout_cases(c) {
+        let d = c.randn(n, 1.0);
+        let mut want = d.clone();
+        c.cpu.dropout_backward(&p, &mut want)?;
+        let mut gd = c.gpu.upload(&d)?;
+        c.gpu.dropout_backward(&p, &mut gd)?;
+        let got = c.gpu.download(&gd)?;
+        c.check("dropout_backward", &case, &got, &want, 0.0);
+    }
+    Ok(())
+}
+
+fn loss_cases() -> Vec<(&'static str, usize, usize)> {
+    vec![
+        ("batch1 classes 3", 1, 3),
+        ("odd 37 x 333", 37, 333),
+        ("alexnet n128 x 1000", 128, 1000),
+        ("wide 5 x 4099", 5, 4099),
+    ]
+}
+
+fn labels(c: &mut Ctx, n: usize, classes: usize) -> Vec<i32> {
+    (0..n)
+        .map(|_| c.rng.random_range(0..classes as i32))
+        .collect()
+}
+
+fn softmax_xent_forward(c: &mut Ctx) -> Result<()> {
+    for (case, n, k) in loss_cases() {
+        let logits = c.randn(n * k, 20.0);
+        let lab = labels(c, n, k);
+        let (mut want_p, mut want_l) = (vec![0.0; n * k], vec![0.0; n]);
+        c.cpu
+            .softmax_xent_forward(n, k, &logits, &lab, &mut want_p, &mut want_l)?;
+        let (gz, gl) = (c.gpu.upload(&logits)?, c.gpu.upload_labels(&lab)?);
+        let (mut gp, mut gloss) = (c.gpu.poisoned(n * k)?, c.gpu.poisoned(n)?);
+        c.gpu
+            .softmax_xent_forward(n, k, &gz, &gl, &mut gp, &mut gloss)?;
+        let (got_p, got_l) = (c.gpu.download(&gp)?, c.gpu.download(&gloss)?);
+        c.check(
+            "softmax_xent_forward",
+            &format!("{case} probs"),
+            &got_p,
+            &want_p,
+            1e-5,
+        );
+        c.check(
+            "softmax_xent_forward",
+            &format!("{case} loss"),
+            &got_l,
+            &want_l,
+            1e-5,
+        );
+    }
+    Ok(())
+}
+
+fn softmax_xent_backward(c: &mut Ctx) -> Result<()> {
+    for (case, n, k) in loss_cases() {
+        let logits = c.randn(n * k, 5.0);
+        let lab = labels(c, n, k);
+        let (mut p, mut l) = (vec![0.0; n * k], vec![0.0; n]);
+        c.cpu
+            .softmax_xent_forward(n, k, &logits, &lab, &mut p, &mut l)?;
+        let mut want = vec![0.0; n * k];
+        c.cpu.softmax_xent_backward(n, k, &p, &lab, &mut want)?;
+        let (gp, gl) = (c.gpu.upload(&p)?, c.gpu.upload_labels(&lab)?);
+        let mut gd = c.gpu.poisoned(n * k)?;
+        c.gpu.softmax_xent_backward(n, k, &gp, &gl, &mut gd)?;
+        let got = c.gpu.download(&gd)?;
+        c.check("softmax_xent_backward", case, &got, &want, 1e-6);
+    }
+    Ok(())
+}
+
+fn label_rank(c: &mut Ctx) -> Result<()> {
+    for (case, n, k) in loss_cases() {
+        // Coarse values so that ties with the true class occur.
+        let scores: Vec<f32> = (0..n * k)
+            .map(|_| c.rng.random_range(0..20) as f32)
+            .collect();
+        let lab = labels(c, n, k);
+        let mut want = vec![0.0; n];
+        c.cpu.label_rank(n, k, &scores, &lab, &mut want)?;
+        let (gs, gl) = (c.gpu.upload(&scores)?, c.gpu.upload_labels(&lab)?);
+        let mut gr = c.gpu.poisoned(n)?;
+        c.gpu.label_rank(n, k, &gs, &gl, &mut gr)?;
+        let got = c.gpu.download(&gr)?;
+        c.check("label_rank", case, &got, &want, 0.0);
+    }
+    Ok(())
+}
+
+fn sgd_update(c: &mut Ctx) -> Result<()> {
+    for rule in [SgdRule::Pytorch, SgdRule::Paper] {
+        for &(case, n) in &[
+            ("n=1", 1usize),
+            ("n=1001", 1001),
+            ("alexnet fc6.weight", 4096 * 9216),
+        ] {
+            let p = SgdParams {
+                lr: 0.01,
+                momentum: 0.9,
+                weight_decay: 5e-4,
+                rule,
+            };
+            let (w, g, v) = (c.randn(n, 0.01), c.randn(n, 1.0), c.randn(n, 0.1));
+            let (mut ww, mut wv) = (w.clone(), v.clone());
+            c.cpu.sgd_update(&p, &mut ww, &g, &mut wv)?;
+            let (mut gw, gg, mut gv) = (c.gpu.upload(&w)?, c.gpu.upload(&g)?, c.gpu.upload(&v)?);
+            c.gpu.sgd_update(&p, &mut gw, &gg, &mut gv)?;
+            let (got_w, got_v) = (c.gpu.download(&gw)?, c.gpu.download(&gv)?);
+            c.check(
+                "sgd_update",
+                &format!("{rule:?} {case} w"),
+                &got_w,
+                &ww,
+                1e-6,
+            );
+            c.check(
+                "sgd_update",
+                &format!("{rule:?} {case} v"),
+                &got_v,
+                &wv,
+                1e-6,
+            );
+        }
+    }
+    Ok(())
+}
