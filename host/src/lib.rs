@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod model;
 pub mod report;
 
 /// The PTX module built from `gpu-kernels` by `build.rs`.

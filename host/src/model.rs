@@ -1,0 +1,352 @@
+//! A network on a backend: parameters, activation and gradient buffers, and
+//! the forward and backward passes as a sequence of backend ops.
+//!
+//! Activations are NCHW; ReLU and dropout work in place on the previous
+//! layer's buffer (so do their gradients), every other layer writes a buffer
+//! of its own. fc layers read the NCHW activation as `[n, C·H·W]`, which is
+//! PyTorch's flatten order, so fc6's weights need no permutation to match.
+//! Parameters use PyTorch's layouts (conv `[out, in/groups, kh, kw]`,
+//! fc `[out, in]`).
+
+use anyhow::{Result, bail};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand_distr::{Distribution, Normal};
+
+use crate::backend::*;
+
+/// What a layer computes (per-sample shapes are kept beside it).
+#[derive(Clone, Debug, PartialEq)]
+pub enum LayerKind {
+    Conv { filters: usize, size: usize, stride: usize, pad: usize, groups: usize, init_std: f32, init_bias: f32 },
+    Fc { outputs: usize, init_std: f32, init_bias: f32 },
+    Relu,
+    Lrn { size: usize, alpha: f32, beta: f32, k: f32 },
+    MaxPool { size: usize, stride: usize },
+    Dropout { p: f32 },
+    /// Softmax fused with the cross-entropy loss; always last.
+    Softmax,
+}
+
+/// A layer with its per-sample input and output shapes `[C, H, W]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerDef {
+    pub name: String,
+    pub kind: LayerKind,
+    pub in_shape: [usize; 3],
+    pub out_shape: [usize; 3],
+}
+
+/// One parameter tensor with its gradient and momentum.
+pub struct Param<B: Backend> {
+    /// `<layer>.weight` or `<layer>.bias`.
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub value: B::Buf,
+    pub grad: B::Buf,
+    pub momentum: B::Buf,
+}
+
+/// Per-layer runtime data: which buffers it reads and writes, and which
+/// parameters it owns.
+struct Slot {
+    src: usize,
+    dst: usize,
+    params: Option<(usize, usize)>,
+    scale: Option<usize>,
+}
+
+/// A network instantiated for a fixed batch size on backend `B`.
+pub struct Model<B: Backend> {
+    pub layers: Vec<LayerDef>,
+    pub batch: usize,
+    pub classes: usize,
+    pub params: Vec<Param<B>>,
+    slots: Vec<Slot>,
+    acts: Vec<B::Buf>,
+    grads: Vec<B::Buf>,
+    scales: Vec<B::Buf>,
+    labels: B::Labels,
+    probs: B::Buf,
+    loss: B::Buf,
+    rank: B::Buf,
+}
+
+/// `(a, b)` as shared and mutable borrows of two different elements.
+fn pair<T>(v: &mut [T], shared: usize, mutable: usize) -> (&T, &mut T) {
+    assert_ne!(shared, mutable);
+    if shared < mutable {
+        let (lo, hi) = v.split_at_mut(mutable);
+        (&lo[shared], &mut hi[0])
+    } else {
+        let (lo, hi) = v.split_at_mut(shared);
+        (&hi[0], &mut lo[mutable])
+    }
+}
+
+fn numel(s: &[usize]) -> usize {
+    s.iter().product()
+}
+
+impl LayerDef {
+    /// `(name, shape)` of this layer's parameters in PyTorch's layout.
+    pub fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        match &self.kind {
+            LayerKind::Conv { filters, size, groups, .. } => vec![
+                (format!("{}.weight", self.name), vec![*filters, self.in_shape[0] / groups, *size, *size]),
+                (format!("{}.bias", self.name), vec![*filters]),
+            ],
+            LayerKind::Fc { outputs, .. } => vec![
+                (format!("{}.weight", self.name), vec![*outputs, numel(&self.in_shape)]),
+                (format!("{}.bias", self.name), vec![*outputs]),
+            ],
+            _ => vec![],
+        }
+    }
+
+    pub fn conv_geom(&self, n: usize) -> Option<ConvGeom> {
+        match self.kind {
+            LayerKind::Conv { filters, size, stride, pad, groups, .. } => Some(ConvGeom {
+                n,
+                c_in: self.in_shape[0],
+                h: self.in_shape[1],
+                w: self.in_shape[2],
+                c_out: filters,
+                k_h: size,
+                k_w: size,
+                stride,
+                pad,
+                groups,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Allocates everything for `batch` samples and initialises the weights
+    /// from `seed` (N(0, init_std²) weights, constant biases).
+    pub fn new(be: &B, layers: Vec<LayerDef>, batch: usize, seed: u64) -> Result<Self> {
+        let Some(last) = layers.last() else { bail!("the model has no layers") };
+        if last.kind != LayerKind::Softmax {
+            bail!("the last layer must be softmax");
+        }
+        let classes = numel(&last.in_shape);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let input_len = batch * numel(&layers[0].in_shape);
+        let mut acts = vec![be.zeros(input_len)?];
+        let mut grads = vec![be.zeros(input_len)?];
+        let (mut params, mut slots, mut scales) = (Vec::new(), Vec::new(), Vec::new());
+        for l in &layers {
+            let src = acts.len() - 1;
+            let in_place = matches!(l.kind, LayerKind::Relu | LayerKind::Dropout { .. } | LayerKind::Softmax);
+            let dst = if in_place {
+                src
+            } else {
+                let len = batch * numel(&l.out_shape);
+                acts.push(be.zeros(len)?);
+                grads.push(be.zeros(len)?);
+                acts.len() - 1
+            };
+            let mut slot = Slot { src, dst, params: None, scale: None };
+            let init = match l.kind {
+                LayerKind::Conv { init_std, init_bias, .. } | LayerKind::Fc { init_std, init_bias, .. } => {
+                    Some((init_std, init_bias))
+                }
+                _ => None,
+            };
+            if let Some((std, bias)) = init {
+                let shapes = l.param_shapes();
+                let normal = Normal::new(0.0f32, std.max(0.0))?;
+                let w: Vec<f32> = (0..numel(&shapes[0].1)).map(|_| normal.sample(&mut rng)).collect();
+                let b = vec![bias; numel(&shapes[1].1)];
+                let first = params.len();
+                for ((name, shape), host) in shapes.into_iter().zip([w, b]) {
+                    let len = host.len();
+                    params.push(Param { name, shape, value: be.upload(&host)?, grad: be.zeros(len)?, momentum: be.zeros(len)? });
+                }
+                slot.params = Some((first, first + 1));
+            }
+            if let LayerKind::Lrn { .. } = l.kind {
+                scales.push(be.zeros(batch * numel(&l.out_shape))?);
+                slot.scale = Some(scales.len() - 1);
+            }
+            slots.push(slot);
+        }
+        Ok(Self {
+            labels: be.upload_labels(&vec![0; batch])?,
+            probs: be.zeros(batch * classes)?,
+            loss: be.zeros(batch)?,
+            rank: be.zeros(batch)?,
+            layers,
+            batch,
+            classes,
+            params,
+            slots,
+            acts,
+            grads,
+            scales,
+        })
+    }
+
+    /// Number of trainable values.
+    pub fn param_count(&self, be: &B) -> usize {
+        self.params.iter().map(|p| be.len(&p.value)).sum()
+    }
+
+    /// Copies a batch (NCHW images, labels) to the backend.
+    pub fn set_batch(&mut self, be: &B, images: &[f32], labels: &[i32]) -> Result<()> {
+        if labels.len() != self.batch {
+            bail!("batch of {} samples given to a model built for {}", labels.len(), self.batch);
+        }
+        if let Some(bad) = labels.iter().find(|&&l| l < 0 || l as usize >= self.classes) {
+            bail!("label {bad} is outside 0..{}", self.classes);
+        }
+        be.write(&mut self.acts[0], images)?;
+        be.write_labels(&mut self.labels, labels)
+    }
+
+    /// Forward pass: probabilities, per-sample loss and label ranks.
+    /// `dropout` is `Some((seed, step))` in training, `None` in evaluation.
+    pub fn forward(&mut self, be: &B, dropout: Option<(u64, u64)>) -> Result<()> {
+        let n = self.batch;
+        for (i, (l, s)) in self.layers.iter().zip(&self.slots).enumerate() {
+            match &l.kind {
+                LayerKind::Conv { .. } => {
+                    let g = l.conv_geom(n).unwrap();
+                    let (w, b) = s.params.unwrap();
+                    let (x, y) = pair(&mut self.acts, s.src, s.dst);
+                    be.conv_forward(&g, x, &self.params[w].value, &self.params[b].value, y)?;
+                }
+                LayerKind::Fc { outputs, .. } => {
+                    let g = FcGeom { n, inputs: numel(&l.in_shape), outputs: *outputs };
+                    let (w, b) = s.params.unwrap();
+                    let (x, y) = pair(&mut self.acts, s.src, s.dst);
+                    be.fc_forward(&g, x, &self.params[w].value, &self.params[b].value, y)?;
+                }
+                LayerKind::Relu => be.relu_forward(&mut self.acts[s.dst])?,
+                LayerKind::Lrn { size, alpha, beta, k } => {
+                    let [c, h, w] = l.in_shape;
+                    let p = LrnParams { n, c, h, w, size: *size, alpha: *alpha, beta: *beta, k: *k };
+                    let (x, y) = pair(&mut self.acts, s.src, s.dst);
+                    be.lrn_forward(&p, x, y, &mut self.scales[s.scale.unwrap()])?;
+                }
+                LayerKind::MaxPool { size, stride } => {
+                    let [c, h, w] = l.in_shape;
+                    let g = PoolGeom { n, c, h, w, size: *size, stride: *stride };
+                    let (x, y) = pair(&mut self.acts, s.src, s.dst);
+                    be.maxpool_forward(&g, x, y)?;
+                }
+                LayerKind::Dropout { p } => {
+                    if let Some((seed, step)) = dropout {
+                        let dp = DropoutParams { p: *p, seed: seed ^ ((i as u64) << 48), step };
+                        be.dropout_forward(&dp, &mut self.acts[s.dst])?;
+                    }
+                }
+                LayerKind::Softmax => {
+                    let x = &self.acts[s.src];
+                    be.softmax_xent_forward(n, self.classes, x, &self.labels, &mut self.probs, &mut self.loss)?;
+                    be.label_rank(n, self.classes, x, &self.labels, &mut self.rank)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Backward pass after a training `forward` with the same `dropout`;
+    /// leaves every parameter's gradient in `Param::grad`.
+    pub fn backward(&mut self, be: &B, dropout: Option<(u64, u64)>) -> Result<()> {
+        let n = self.batch;
+        for (i, (l, s)) in self.layers.iter().zip(&self.slots).enumerate().rev() {
+            let first = s.src == 0;
+            match &l.kind {
+                LayerKind::Softmax => {
+                    be.softmax_xent_backward(n, self.classes, &self.probs, &self.labels, &mut self.grads[s.src])?;
+                }
+                LayerKind::Dropout { p } => {
+                    if let Some((seed, step)) = dropout {
+                        let dp = DropoutParams { p: *p, seed: seed ^ ((i as u64) << 48), step };
+                        be.dropout_backward(&dp, &mut self.grads[s.dst])?;
+                    }
+                }
+                LayerKind::Relu => be.relu_backward(&self.acts[s.dst], &mut self.grads[s.dst])?,
+                LayerKind::Fc { outputs, .. } => {
+                    let g = FcGeom { n, inputs: numel(&l.in_shape), outputs: *outputs };
+                    let (w, b) = s.params.unwrap();
+                    be.fc_backward_filter(&g, &self.acts[s.src], &self.grads[s.dst], &mut self.params[w].grad)?;
+                    be.fc_backward_bias(&g, &self.grads[s.dst], &mut self.params[b].grad)?;
+                    if !first {
+                        let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
+                        be.fc_backward_data(&g, dy, &self.params[w].value, dx)?;
+                    }
+                }
+                LayerKind::Conv { .. } => {
+                    let g = l.conv_geom(n).unwrap();
+                    let (w, b) = s.params.unwrap();
+                    be.conv_backward_filter(&g, &self.acts[s.src], &self.grads[s.dst], &mut self.params[w].grad)?;
+                    be.conv_backward_bias(&g, &self.grads[s.dst], &mut self.params[b].grad)?;
+                    if !first {
+                        let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
+                        be.conv_backward_data(&g, dy, &self.params[w].value, dx)?;
+                    }
+                }
+                LayerKind::Lrn { size, alpha, beta, k } => {
+                    let [c, h, w] = l.in_shape;
+                    let p = LrnParams { n, c, h, w, size: *size, alpha: *alpha, beta: *beta, k: *k };
+                    let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
+                    let scale = &self.scales[s.scale.unwrap()];
+                    be.lrn_backward(&p, &self.acts[s.src], &self.acts[s.dst], scale, dy, dx)?;
+                }
+                LayerKind::MaxPool { size, stride } => {
+                    let [c, h, w] = l.in_shape;
+                    let g = PoolGeom { n, c, h, w, size: *size, stride: *stride };
+                    let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
+                    be.maxpool_backward(&g, &self.acts[s.src], &self.acts[s.dst], dy, dx)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One SGD step over every parameter (after `backward`).
+    pub fn sgd_step(&mut self, be: &B, p: &SgdParams) -> Result<()> {
+        for prm in &mut self.params {
+            be.sgd_update(p, &mut prm.value, &prm.grad, &mut prm.momentum)?;
+        }
+        Ok(())
+    }
+
+    /// Per-sample losses and true-class ranks of the last forward pass
+    /// (waits for the backend).
+    pub fn read_metrics(&self, be: &B) -> Result<(Vec<f32>, Vec<f32>)> {
+        Ok((be.download(&self.loss)?, be.download(&self.rank)?))
+    }
+
+    /// Softmax outputs `[batch, classes]` of the last forward pass.
+    pub fn read_probs(&self, be: &B) -> Result<Vec<f32>> {
+        be.download(&self.probs)
+    }
+
+    /// Downloads every parameter (or, with `momentum`, its momentum buffer).
+    pub fn download_params(&self, be: &B, momentum: bool) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+        self.params
+            .iter()
+            .map(|p| Ok((p.name.clone(), p.shape.clone(), be.download(if momentum { &p.momentum } else { &p.value })?)))
+            .collect()
+    }
+
+    /// Overwrites parameters (or momentum buffers) by name; every parameter
+    /// must be given, with its exact shape.
+    pub fn upload_params(&mut self, be: &B, tensors: &[(String, Vec<usize>, Vec<f32>)], momentum: bool) -> Result<()> {
+        for p in &mut self.params {
+            let Some((_, shape, data)) = tensors.iter().find(|(n, _, _)| *n == p.name) else {
+                bail!("{} is missing", p.name);
+            };
+            if *shape != p.shape {
+                bail!("{} has shape {shape:?}, the model expects {:?}", p.name, p.shape);
+            }
+            be.write(if momentum { &mut p.momentum } else { &mut p.value }, data)?;
+        }
+        Ok(())
+    }
+}
