@@ -17,6 +17,7 @@ use anyhow::Result;
 use host::backend::cpu::CpuBackend;
 use host::backend::cuda::{CudaBackend, unavailable_reason};
 use host::backend::*;
+use host::model::{LayerDef, LayerKind, Model};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -107,6 +108,7 @@ const TESTS: &[(&str, Test)] = &[
     ("softmax_xent_backward", softmax_xent_backward),
     ("label_rank", label_rank),
     ("sgd_update", sgd_update),
+    ("train_steps", train_steps),
 ];
 
 fn main() {
@@ -754,6 +756,54 @@ fn sgd_update(c: &mut Ctx) -> Result<()> {
                 1e-6,
             );
         }
+    }
+    Ok(())
+}
+
+/// A small AlexNet-shaped network (grouped conv, LRN, overlapping pool, fc,
+/// dropout layer with p = 0) trained for a few steps on both backends from the
+/// same initial weights and batches: the weights must stay within 1e-4
+/// (fp32 rounding differences grow slowly through the SGD steps).
+fn train_steps(c: &mut Ctx) -> Result<()> {
+    let d = |name: &str, kind, i: [usize; 3], o: [usize; 3]| LayerDef { name: name.into(), kind, in_shape: i, out_shape: o };
+    let conv = |filters, size, stride, pad, groups| LayerKind::Conv { filters, size, stride, pad, groups, init_std: 0.1, init_bias: 0.1 };
+    let layers = vec![
+        d("conv1", conv(8, 3, 1, 1, 1), [3, 15, 15], [8, 15, 15]),
+        d("relu1", LayerKind::Relu, [8, 15, 15], [8, 15, 15]),
+        d("lrn1", LayerKind::Lrn { size: 5, alpha: 1e-3, beta: 0.75, k: 2.0 }, [8, 15, 15], [8, 15, 15]),
+        d("pool1", LayerKind::MaxPool { size: 3, stride: 2 }, [8, 15, 15], [8, 7, 7]),
+        d("conv2", conv(12, 3, 1, 1, 2), [8, 7, 7], [12, 7, 7]),
+        d("relu2", LayerKind::Relu, [12, 7, 7], [12, 7, 7]),
+        d("fc1", LayerKind::Fc { outputs: 20, init_std: 0.05, init_bias: 0.1 }, [12, 7, 7], [20, 1, 1]),
+        d("relu3", LayerKind::Relu, [20, 1, 1], [20, 1, 1]),
+        d("drop1", LayerKind::Dropout { p: 0.0 }, [20, 1, 1], [20, 1, 1]),
+        d("fc2", LayerKind::Fc { outputs: 5, init_std: 0.05, init_bias: 0.0 }, [20, 1, 1], [5, 1, 1]),
+        d("prob", LayerKind::Softmax, [5, 1, 1], [5, 1, 1]),
+    ];
+    let batch = 6;
+    let mut cpu_model = Model::new(&c.cpu, layers.clone(), batch, 7)?;
+    let mut gpu_model = Model::new(&c.gpu, layers, batch, 7)?;
+    let sgd = SgdParams { lr: 0.05, momentum: 0.9, weight_decay: 5e-4, rule: SgdRule::Pytorch };
+    for step in 0..4u64 {
+        let x = c.randn(batch * 3 * 15 * 15, 1.0);
+        let y = labels(c, batch, 5);
+        cpu_model.set_batch(&c.cpu, &x, &y)?;
+        gpu_model.set_batch(&c.gpu, &x, &y)?;
+        let dropout = Some((3u64, step));
+        cpu_model.forward(&c.cpu, dropout)?;
+        cpu_model.backward(&c.cpu, dropout)?;
+        cpu_model.sgd_step(&c.cpu, &sgd)?;
+        gpu_model.forward(&c.gpu, dropout)?;
+        gpu_model.backward(&c.gpu, dropout)?;
+        gpu_model.sgd_step(&c.gpu, &sgd)?;
+        let (cl, _) = cpu_model.read_metrics(&c.cpu)?;
+        let (gl, _) = gpu_model.read_metrics(&c.gpu)?;
+        c.check("train_steps", &format!("step {step} loss"), &gl, &cl, 1e-4);
+    }
+    let want = cpu_model.download_params(&c.cpu, false)?;
+    let got = gpu_model.download_params(&c.gpu, false)?;
+    for ((name, _, w), (_, _, g)) in want.iter().zip(&got) {
+        c.check("train_steps", &format!("after 4 steps {name}"), g, w, 1e-4);
     }
     Ok(())
 }
