@@ -1,8 +1,83 @@
-//! CPU reference: lrn (to be written).
+//! CPU reference: cross-map local response normalisation (paper, §3.3).
+//!
+//! `scale[n,c,h,w] = k + α·Σ_{c'∈window(c)} x[n,c',h,w]²` and
+//! `y = x · scale^(−β)`, NCHW. `window(c)` is the `size` maps from
+//! `c − size/2` to `c − size/2 + size − 1` (centred for odd `size`), clipped to
+//! `[0, C)`. The forward writes `scale` so the backward need not recompute it.
+//!
+//! Backward, with `c ∈ window(c')` ⇔ `c' ∈ [c + size/2 + 1 − size, c + size/2]`:
+//! `dx[c] = dy[c]·scale[c]^(−β) − 2αβ·x[c]·Σ_{c' : c∈window(c')} dy[c']·y[c']/scale[c']`.
+//!
+//! Window sums are taken in f64 per pixel column; each sample is independent,
+//! so the outer loop runs on rayon over the batch.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
 use crate::backend::*;
-pub fn lrn_forward(p: &LrnParams, x: &[f32], y: &mut [f32], scale: &mut [f32]) {
-    todo!()
+
+/// The channels `c'` in `window(c)`: `c − size/2 ..= c − size/2 + size − 1`,
+/// clipped to `[0, channels)`.
+fn window(c: usize, size: usize, channels: usize) -> Range<usize> {
+    let lo = c.saturating_sub(size / 2);
+    let hi = (c + size - size / 2).min(channels);
+    lo..hi
 }
+
+/// The channels `c'` whose window contains `c`: `c + size/2 + 1 − size ..=
+/// c + size/2`, clipped to `[0, channels)`.
+fn windows_containing(c: usize, size: usize, channels: usize) -> Range<usize> {
+    let lo = (c + size / 2 + 1).saturating_sub(size);
+    let hi = (c + size / 2 + 1).min(channels);
+    lo..hi
+}
+
+fn check(p: &LrnParams, bufs: &[(&str, usize)]) {
+    assert!(p.size > 0, "lrn: size must be positive");
+    for &(what, len) in bufs {
+        assert_eq!(
+            len,
+            p.len(),
+            "lrn: {what} has length {len}, parameters need {}",
+            p.len()
+        );
+    }
+}
+
+/// `y = lrn(x)` and `scale = k + α·Σx²` (overwrites both). Parallel over samples.
+pub fn lrn_forward(p: &LrnParams, x: &[f32], y: &mut [f32], scale: &mut [f32]) {
+    check(p, &[("x", x.len()), ("y", y.len()), ("scale", scale.len())]);
+    let hw = p.h * p.w;
+    let sample = p.c * hw;
+    if sample == 0 {
+        return;
+    }
+    let (alpha, beta, k) = (p.alpha as f64, p.beta as f64, p.k as f64);
+    y.par_chunks_mut(sample)
+        .zip(scale.par_chunks_mut(sample))
+        .enumerate()
+        .for_each(|(n, (y_s, scale_s))| {
+            let x_s = &x[n * sample..][..sample];
+            for pix in 0..hw {
+                for c in 0..p.c {
+                    let sum_sq: f64 = window(c, p.size, p.c)
+                        .map(|c2| {
+                            let v = x_s[c2 * hw + pix] as f64;
+                            v * v
+                        })
+                        .sum();
+                    let s = k + alpha * sum_sq;
+                    let i = c * hw + pix;
+                    scale_s[i] = s as f32;
+                    y_s[i] = (x_s[i] as f64 * s.powf(-beta)) as f32;
+                }
+            }
+        });
+}
+
+/// `dx` from `dy`, given the forward's `x`, `y` and `scale` (overwrites `dx`).
+/// Parallel over samples.
 pub fn lrn_backward(
     p: &LrnParams,
     x: &[f32],
@@ -11,5 +86,35 @@ pub fn lrn_backward(
     dy: &[f32],
     dx: &mut [f32],
 ) {
-    todo!()
+    check(
+        p,
+        &[
+            ("x", x.len()),
+            ("y", y.len()),
+            ("scale", scale.len()),
+            ("dy", dy.len()),
+            ("dx", dx.len()),
+        ],
+    );
+    let hw = p.h * p.w;
+    let sample = p.c * hw;
+    if sample == 0 {
+        return;
+    }
+    let (alpha, beta) = (p.alpha as f64, p.beta as f64);
+    dx.par_chunks_mut(sample).enumerate().for_each(|(n, dx_s)| {
+        let base = n * sample;
+        let at = |buf: &[f32], c: usize, pix: usize| buf[base + c * hw + pix] as f64;
+        let mut ratio = vec![0.0f64; p.c];
+        for pix in 0..hw {
+            for (c, r) in ratio.iter_mut().enumerate() {
+                *r = at(dy, c, pix) * at(y, c, pix) / at(scale, c, pix);
+            }
+            for c in 0..p.c {
+                let cross: f64 = ratio[windows_containing(c, p.size, p.c)].iter().sum();
+                let direct = at(dy, c, pix) * at(scale, c, pix).powf(-beta);
+                dx_s[c * hw + pix] = (direct - 2.0 * alpha * beta * at(x, c, pix) * cross) as f32;
+            }
+        }
+    });
 }

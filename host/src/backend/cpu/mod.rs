@@ -13,6 +13,8 @@ pub mod loss;
 pub mod lrn;
 pub mod optimizer;
 pub mod pool;
+#[cfg(test)]
+mod tests;
 
 use super::*;
 
