@@ -272,6 +272,7 @@ const BAD: &[(&str, &str, &str)] = &[
     ("conv-window-larger-than-padded-input", "model.layers[4].size", "11×11 window does not fit the 8×8 input padded by 1"),
     ("crop-mismatch", "data.augment.crop", "24 does not match the model input 16×16"),
     ("dropout-p-one", "model.layers[9].p", "must be in [0, 1), got 1"),
+    ("duplicate-layer-field", "model.layers[0].size", "duplicate field `size`"),
     ("duplicate-layer-names", "model.layers[4].name", "duplicate layer name \"conv1\" (also model.layers[0])"),
     ("empty-file", "", "EOF while parsing a value"),
     ("empty-layers", "model.layers", "must not be empty"),
@@ -360,6 +361,7 @@ fn parse_errors_point_at_the_offending_line() {
         ("unknown-field-in-last-layer", "\"classes\": 4"),
         ("wrong-type-mean-value", "\"a\""),
         ("invalid-json-syntax", ",,"),
+        ("duplicate-layer-field", "\"size\": 5"),
     ];
     for (file, snippet) in cases {
         let p = repo(&format!("tests/bad-configs/{file}.json"));

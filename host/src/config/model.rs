@@ -9,7 +9,9 @@
 //! `[out, in/groups, kh, kw]`, `fc6.weight` `[out, in]` with `in` in (C, H, W)
 //! flatten order — which is also what checkpoints store.
 
-use serde::de::Error as _;
+use std::fmt;
+
+use serde::de::{Error as _, MapAccess, Visitor};
 use serde::ser::{Error as _, SerializeMap};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
@@ -146,9 +148,36 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
+/// A JSON object's fields, rejecting a key that appears twice (a plain
+/// `Map` would silently keep the last one).
+struct UniqueFields(serde_json::Map<String, Value>);
+
+impl<'de> Deserialize<'de> for UniqueFields {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct FieldsVisitor;
+        impl<'de> Visitor<'de> for FieldsVisitor {
+            type Value = UniqueFields;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a layer object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UniqueFields, A::Error> {
+                let mut fields = serde_json::Map::new();
+                while let Some((key, value)) = map.next_entry::<String, Value>()? {
+                    if fields.contains_key(&key) {
+                        return Err(A::Error::custom(format!("duplicate field `{key}`")));
+                    }
+                    fields.insert(key, value);
+                }
+                Ok(UniqueFields(fields))
+            }
+        }
+        d.deserialize_map(FieldsVisitor)
+    }
+}
+
 impl<'de> Deserialize<'de> for LayerConfig {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let mut fields = serde_json::Map::<String, Value>::deserialize(d)?;
+        let UniqueFields(mut fields) = UniqueFields::deserialize(d)?;
         let name = match fields.remove("name") {
             Some(Value::String(name)) => name,
             Some(other) => {
