@@ -1,1 +1,0 @@
-//! Validated JSON configs (being written).
