@@ -58,7 +58,10 @@ pub struct LoaderConfig {
     pub batch_size: usize,
     /// Worker threads; 0 builds batches on the calling thread.
     pub workers: usize,
-    /// Batches built ahead of the consumer (at least one per worker).
+    /// Finished batches queued ahead of the consumer (rounded up to a
+    /// multiple of `workers`, at least one each). Memory: up to
+    /// `prefetch + workers` batches exist at once (queued plus being built),
+    /// each `4 · batch · C · h · w` bytes (77 MB for 128 AlexNet crops).
     pub prefetch: usize,
     pub seed: u64,
     /// Draw a new permutation every epoch (else index order).
@@ -81,7 +84,7 @@ impl LoaderConfig {
         LoaderConfig {
             batch_size,
             workers: default_workers(),
-            prefetch: 2 * default_workers(),
+            prefetch: default_workers(),
             seed,
             shuffle: true,
             drop_last: true,
@@ -121,11 +124,12 @@ impl LoaderConfig {
         }
     }
 
-    /// This config with `workers` threads and twice as many batches prefetched.
+    /// This config with `workers` threads, each with one finished batch
+    /// queued.
     pub fn with_workers(self, workers: usize) -> Self {
         LoaderConfig {
             workers,
-            prefetch: 2 * workers.max(1),
+            prefetch: workers,
             ..self
         }
     }

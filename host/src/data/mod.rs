@@ -21,6 +21,11 @@
 //! `(seed, epoch, batch index)`, never on thread timing, so a run can be
 //! resumed exactly and sharded across GPUs. [`open_train_val`] opens a
 //! train/validation pair from a [`SourceSpec`].
+//!
+//! Randomness: every stream (class prototypes, samples, shuffles, crops) is a
+//! `StdRng` seeded by hashing a tuple such as `(seed, tag, epoch, position)`,
+//! so any one of them can be recomputed alone. `StdRng` is ChaCha12 in rand
+//! 0.9; the lock file pins it, and a rand upgrade may change the streams.
 
 mod augment;
 mod fashion_mnist;
