@@ -17,7 +17,7 @@ use anyhow::Result;
 use host::backend::cpu::CpuBackend;
 use host::backend::cuda::{CudaBackend, unavailable_reason};
 use host::backend::*;
-use host::model::{LayerDef, LayerKind, Model};
+use host::model::Model;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -760,33 +760,21 @@ fn sgd_update(c: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// A small AlexNet-shaped network (grouped conv, LRN, overlapping pool, fc,
-/// dropout layer with p = 0) trained for a few steps on both backends from the
-/// same initial weights and batches: the weights must stay within 1e-4
-/// (fp32 rounding differences grow slowly through the SGD steps).
+/// `configs/tiny.json` (grouped conv, LRN, pooling, fc, dropout) trained for
+/// a few steps on both backends from the same initial weights and batches.
+/// Dropout stays on: its masks are bit-identical on both backends. The
+/// weights must stay within 1e-4 (fp32 rounding differences grow slowly
+/// through the SGD steps).
 fn train_steps(c: &mut Ctx) -> Result<()> {
-    let d = |name: &str, kind, i: [usize; 3], o: [usize; 3]| LayerDef { name: name.into(), kind, in_shape: i, out_shape: o };
-    let conv = |filters, size, stride, pad, groups| LayerKind::Conv { filters, size, stride, pad, groups, init_std: 0.1, init_bias: 0.1 };
-    let layers = vec![
-        d("conv1", conv(8, 3, 1, 1, 1), [3, 15, 15], [8, 15, 15]),
-        d("relu1", LayerKind::Relu, [8, 15, 15], [8, 15, 15]),
-        d("lrn1", LayerKind::Lrn { size: 5, alpha: 1e-3, beta: 0.75, k: 2.0 }, [8, 15, 15], [8, 15, 15]),
-        d("pool1", LayerKind::MaxPool { size: 3, stride: 2 }, [8, 15, 15], [8, 7, 7]),
-        d("conv2", conv(12, 3, 1, 1, 2), [8, 7, 7], [12, 7, 7]),
-        d("relu2", LayerKind::Relu, [12, 7, 7], [12, 7, 7]),
-        d("fc1", LayerKind::Fc { outputs: 20, init_std: 0.05, init_bias: 0.1 }, [12, 7, 7], [20, 1, 1]),
-        d("relu3", LayerKind::Relu, [20, 1, 1], [20, 1, 1]),
-        d("drop1", LayerKind::Dropout { p: 0.0 }, [20, 1, 1], [20, 1, 1]),
-        d("fc2", LayerKind::Fc { outputs: 5, init_std: 0.05, init_bias: 0.0 }, [20, 1, 1], [5, 1, 1]),
-        d("prob", LayerKind::Softmax, [5, 1, 1], [5, 1, 1]),
-    ];
+    let cfg = host::config::Config::from_str(include_str!("../configs/tiny.json"), "configs/tiny.json")?;
     let batch = 6;
-    let mut cpu_model = Model::new(&c.cpu, layers.clone(), batch, 7)?;
-    let mut gpu_model = Model::new(&c.gpu, layers, batch, 7)?;
+    let mut cpu_model = Model::new(&c.cpu, &cfg.model, batch, 7)?;
+    let mut gpu_model = Model::new(&c.gpu, &cfg.model, batch, 7)?;
     let sgd = SgdParams { lr: 0.05, momentum: 0.9, weight_decay: 5e-4, rule: SgdRule::Pytorch };
+    let classes = cfg.model.classes;
     for step in 0..4u64 {
-        let x = c.randn(batch * 3 * 15 * 15, 1.0);
-        let y = labels(c, batch, 5);
+        let x = c.randn(batch * cfg.model.input_len(), 1.0);
+        let y = labels(c, batch, classes);
         cpu_model.set_batch(&c.cpu, &x, &y)?;
         gpu_model.set_batch(&c.gpu, &x, &y)?;
         let dropout = Some((3u64, step));

@@ -14,28 +14,7 @@ use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal};
 
 use crate::backend::*;
-
-/// What a layer computes (per-sample shapes are kept beside it).
-#[derive(Clone, Debug, PartialEq)]
-pub enum LayerKind {
-    Conv { filters: usize, size: usize, stride: usize, pad: usize, groups: usize, init_std: f32, init_bias: f32 },
-    Fc { outputs: usize, init_std: f32, init_bias: f32 },
-    Relu,
-    Lrn { size: usize, alpha: f32, beta: f32, k: f32 },
-    MaxPool { size: usize, stride: usize },
-    Dropout { p: f32 },
-    /// Softmax fused with the cross-entropy loss; always last.
-    Softmax,
-}
-
-/// A layer with its per-sample input and output shapes `[C, H, W]`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LayerDef {
-    pub name: String,
-    pub kind: LayerKind,
-    pub in_shape: [usize; 3],
-    pub out_shape: [usize; 3],
-}
+use crate::config::{LayerKind, LayerSpec, ModelSpec};
 
 /// One parameter tensor with its gradient and momentum.
 pub struct Param<B: Backend> {
@@ -58,7 +37,7 @@ struct Slot {
 
 /// A network instantiated for a fixed batch size on backend `B`.
 pub struct Model<B: Backend> {
-    pub layers: Vec<LayerDef>,
+    pub layers: Vec<LayerSpec>,
     pub batch: usize,
     pub classes: usize,
     pub params: Vec<Param<B>>,
@@ -88,45 +67,11 @@ fn numel(s: &[usize]) -> usize {
     s.iter().product()
 }
 
-impl LayerDef {
-    /// `(name, shape)` of this layer's parameters in PyTorch's layout.
-    pub fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
-        match &self.kind {
-            LayerKind::Conv { filters, size, groups, .. } => vec![
-                (format!("{}.weight", self.name), vec![*filters, self.in_shape[0] / groups, *size, *size]),
-                (format!("{}.bias", self.name), vec![*filters]),
-            ],
-            LayerKind::Fc { outputs, .. } => vec![
-                (format!("{}.weight", self.name), vec![*outputs, numel(&self.in_shape)]),
-                (format!("{}.bias", self.name), vec![*outputs]),
-            ],
-            _ => vec![],
-        }
-    }
-
-    pub fn conv_geom(&self, n: usize) -> Option<ConvGeom> {
-        match self.kind {
-            LayerKind::Conv { filters, size, stride, pad, groups, .. } => Some(ConvGeom {
-                n,
-                c_in: self.in_shape[0],
-                h: self.in_shape[1],
-                w: self.in_shape[2],
-                c_out: filters,
-                k_h: size,
-                k_w: size,
-                stride,
-                pad,
-                groups,
-            }),
-            _ => None,
-        }
-    }
-}
-
 impl<B: Backend> Model<B> {
     /// Allocates everything for `batch` samples and initialises the weights
     /// from `seed` (N(0, init_std²) weights, constant biases).
-    pub fn new(be: &B, layers: Vec<LayerDef>, batch: usize, seed: u64) -> Result<Self> {
+    pub fn new(be: &B, spec: &ModelSpec, batch: usize, seed: u64) -> Result<Self> {
+        let layers = spec.layers.clone();
         let Some(last) = layers.last() else { bail!("the model has no layers") };
         if last.kind != LayerKind::Softmax {
             bail!("the last layer must be softmax");
@@ -139,7 +84,7 @@ impl<B: Backend> Model<B> {
         let (mut params, mut slots, mut scales) = (Vec::new(), Vec::new(), Vec::new());
         for l in &layers {
             let src = acts.len() - 1;
-            let in_place = matches!(l.kind, LayerKind::Relu | LayerKind::Dropout { .. } | LayerKind::Softmax);
+            let in_place = matches!(l.kind, LayerKind::Relu | LayerKind::Dropout(_) | LayerKind::Softmax);
             let dst = if in_place {
                 src
             } else {
@@ -149,10 +94,9 @@ impl<B: Backend> Model<B> {
                 acts.len() - 1
             };
             let mut slot = Slot { src, dst, params: None, scale: None };
-            let init = match l.kind {
-                LayerKind::Conv { init_std, init_bias, .. } | LayerKind::Fc { init_std, init_bias, .. } => {
-                    Some((init_std, init_bias))
-                }
+            let init = match &l.kind {
+                LayerKind::Conv(c) => Some((c.init_std, c.init_bias)),
+                LayerKind::Fc(f) => Some((f.init_std, f.init_bias)),
                 _ => None,
             };
             if let Some((std, bias)) = init {
@@ -167,7 +111,7 @@ impl<B: Backend> Model<B> {
                 }
                 slot.params = Some((first, first + 1));
             }
-            if let LayerKind::Lrn { .. } = l.kind {
+            if let LayerKind::Lrn(_) = l.kind {
                 scales.push(be.zeros(batch * numel(&l.out_shape))?);
                 slot.scale = Some(scales.len() - 1);
             }
@@ -212,34 +156,32 @@ impl<B: Backend> Model<B> {
         let n = self.batch;
         for (i, (l, s)) in self.layers.iter().zip(&self.slots).enumerate() {
             match &l.kind {
-                LayerKind::Conv { .. } => {
+                LayerKind::Conv(_) => {
                     let g = l.conv_geom(n).unwrap();
                     let (w, b) = s.params.unwrap();
                     let (x, y) = pair(&mut self.acts, s.src, s.dst);
                     be.conv_forward(&g, x, &self.params[w].value, &self.params[b].value, y)?;
                 }
-                LayerKind::Fc { outputs, .. } => {
-                    let g = FcGeom { n, inputs: numel(&l.in_shape), outputs: *outputs };
+                LayerKind::Fc(_) => {
+                    let g = l.fc_geom(n).unwrap();
                     let (w, b) = s.params.unwrap();
                     let (x, y) = pair(&mut self.acts, s.src, s.dst);
                     be.fc_forward(&g, x, &self.params[w].value, &self.params[b].value, y)?;
                 }
                 LayerKind::Relu => be.relu_forward(&mut self.acts[s.dst])?,
-                LayerKind::Lrn { size, alpha, beta, k } => {
-                    let [c, h, w] = l.in_shape;
-                    let p = LrnParams { n, c, h, w, size: *size, alpha: *alpha, beta: *beta, k: *k };
+                LayerKind::Lrn(_) => {
+                    let p = l.lrn_params(n).unwrap();
                     let (x, y) = pair(&mut self.acts, s.src, s.dst);
                     be.lrn_forward(&p, x, y, &mut self.scales[s.scale.unwrap()])?;
                 }
-                LayerKind::MaxPool { size, stride } => {
-                    let [c, h, w] = l.in_shape;
-                    let g = PoolGeom { n, c, h, w, size: *size, stride: *stride };
+                LayerKind::MaxPool(_) => {
+                    let g = l.pool_geom(n).unwrap();
                     let (x, y) = pair(&mut self.acts, s.src, s.dst);
                     be.maxpool_forward(&g, x, y)?;
                 }
-                LayerKind::Dropout { p } => {
+                LayerKind::Dropout(d) => {
                     if let Some((seed, step)) = dropout {
-                        let dp = DropoutParams { p: *p, seed: seed ^ ((i as u64) << 48), step };
+                        let dp = DropoutParams { p: d.p, seed: seed ^ ((i as u64) << 48), step };
                         be.dropout_forward(&dp, &mut self.acts[s.dst])?;
                     }
                 }
@@ -263,15 +205,15 @@ impl<B: Backend> Model<B> {
                 LayerKind::Softmax => {
                     be.softmax_xent_backward(n, self.classes, &self.probs, &self.labels, &mut self.grads[s.src])?;
                 }
-                LayerKind::Dropout { p } => {
+                LayerKind::Dropout(d) => {
                     if let Some((seed, step)) = dropout {
-                        let dp = DropoutParams { p: *p, seed: seed ^ ((i as u64) << 48), step };
+                        let dp = DropoutParams { p: d.p, seed: seed ^ ((i as u64) << 48), step };
                         be.dropout_backward(&dp, &mut self.grads[s.dst])?;
                     }
                 }
                 LayerKind::Relu => be.relu_backward(&self.acts[s.dst], &mut self.grads[s.dst])?,
-                LayerKind::Fc { outputs, .. } => {
-                    let g = FcGeom { n, inputs: numel(&l.in_shape), outputs: *outputs };
+                LayerKind::Fc(_) => {
+                    let g = l.fc_geom(n).unwrap();
                     let (w, b) = s.params.unwrap();
                     be.fc_backward_filter(&g, &self.acts[s.src], &self.grads[s.dst], &mut self.params[w].grad)?;
                     be.fc_backward_bias(&g, &self.grads[s.dst], &mut self.params[b].grad)?;
@@ -280,7 +222,7 @@ impl<B: Backend> Model<B> {
                         be.fc_backward_data(&g, dy, &self.params[w].value, dx)?;
                     }
                 }
-                LayerKind::Conv { .. } => {
+                LayerKind::Conv(_) => {
                     let g = l.conv_geom(n).unwrap();
                     let (w, b) = s.params.unwrap();
                     be.conv_backward_filter(&g, &self.acts[s.src], &self.grads[s.dst], &mut self.params[w].grad)?;
@@ -290,16 +232,14 @@ impl<B: Backend> Model<B> {
                         be.conv_backward_data(&g, dy, &self.params[w].value, dx)?;
                     }
                 }
-                LayerKind::Lrn { size, alpha, beta, k } => {
-                    let [c, h, w] = l.in_shape;
-                    let p = LrnParams { n, c, h, w, size: *size, alpha: *alpha, beta: *beta, k: *k };
+                LayerKind::Lrn(_) => {
+                    let p = l.lrn_params(n).unwrap();
                     let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
                     let scale = &self.scales[s.scale.unwrap()];
                     be.lrn_backward(&p, &self.acts[s.src], &self.acts[s.dst], scale, dy, dx)?;
                 }
-                LayerKind::MaxPool { size, stride } => {
-                    let [c, h, w] = l.in_shape;
-                    let g = PoolGeom { n, c, h, w, size: *size, stride: *stride };
+                LayerKind::MaxPool(_) => {
+                    let g = l.pool_geom(n).unwrap();
                     let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
                     be.maxpool_backward(&g, &self.acts[s.src], &self.acts[s.dst], dy, dx)?;
                 }
