@@ -766,11 +766,17 @@ fn sgd_update(c: &mut Ctx) -> Result<()> {
 /// weights must stay within 1e-4 (fp32 rounding differences grow slowly
 /// through the SGD steps).
 fn train_steps(c: &mut Ctx) -> Result<()> {
-    let cfg = host::config::Config::from_str(include_str!("../configs/tiny.json"), "configs/tiny.json")?;
+    let cfg =
+        host::config::Config::from_str(include_str!("../configs/tiny.json"), "configs/tiny.json")?;
     let batch = 6;
     let mut cpu_model = Model::new(&c.cpu, &cfg.model, batch, 7)?;
     let mut gpu_model = Model::new(&c.gpu, &cfg.model, batch, 7)?;
-    let sgd = SgdParams { lr: 0.05, momentum: 0.9, weight_decay: 5e-4, rule: SgdRule::Pytorch };
+    let sgd = SgdParams {
+        lr: 0.05,
+        momentum: 0.9,
+        weight_decay: 5e-4,
+        rule: SgdRule::Pytorch,
+    };
     let classes = cfg.model.classes;
     for step in 0..4u64 {
         let x = c.randn(batch * cfg.model.input_len(), 1.0);

@@ -29,3 +29,31 @@ pub fn devices() -> Result<()> {
     }
     Ok(())
 }
+
+/// `host train CONFIG`: loads and validates the config, applies the
+/// overrides, trains, prints the summary. Ctrl-C stops after the current step
+/// with a checkpoint.
+pub fn train(config: &std::path::Path, mut opts: crate::train::TrainOptions) -> Result<()> {
+    let mut cfg = crate::config::load(config)?;
+    crate::train::apply_overrides(&mut cfg, &opts)?;
+    let stop = opts.stop.clone();
+    let flag = stop.clone();
+    if let Err(e) = ctrlc::set_handler(move || {
+        if flag.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!(
+            "\ninterrupted: saving a checkpoint after this step (Ctrl-C again to quit at once)"
+        );
+    }) {
+        eprintln!("warning: Ctrl-C handler not installed: {e}");
+    }
+    opts.stop = stop;
+    let outcome = crate::train::train(cfg, &opts)?;
+    outcome.summary.print();
+    println!(
+        "metrics, plots and checkpoints in {}",
+        outcome.run_dir.display()
+    );
+    Ok(())
+}

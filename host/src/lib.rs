@@ -11,6 +11,7 @@ pub mod config;
 pub mod data;
 pub mod model;
 pub mod report;
+pub mod train;
 
 /// The PTX module built from `gpu-kernels` by `build.rs`.
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));

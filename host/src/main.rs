@@ -1,7 +1,10 @@
 //! The `host` command line. Only argument parsing lives here; the work is in
-//! the library.
+//! the library (`host::cli` and the modules it calls).
+
+use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use host::train::DeviceChoice;
 
 #[derive(Parser)]
 #[command(
@@ -16,6 +19,45 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Train a network from a JSON config (built-in synthetic data unless the
+    /// config or --data names a dataset).
+    Train {
+        /// Model/training/data config, e.g. configs/alexnet.json.
+        config: PathBuf,
+        /// Backend: auto (GPU if usable, else CPU), cpu or cuda.
+        #[arg(long, value_enum, default_value = "auto")]
+        device: DeviceChoice,
+        /// GPU ordinal for --device cuda/auto.
+        #[arg(long, default_value_t = 0)]
+        gpu: usize,
+        /// ImageNet-layout folder (train/<class>/*, val/<class>/*) or a folder made by `host prepare`.
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Runs are written to OUT/<config name>/.
+        #[arg(long, default_value = "runs")]
+        out: PathBuf,
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long)]
+        batch_size: Option<usize>,
+        #[arg(long)]
+        epochs: Option<usize>,
+        /// Continue exactly from a checkpoint written by `train`.
+        #[arg(long)]
+        resume: Option<PathBuf>,
+        /// Start from the weights of a safetensors file (PyTorch names and layouts).
+        #[arg(long, conflicts_with = "resume")]
+        init: Option<PathBuf>,
+        /// Stop after this many steps (with a checkpoint).
+        #[arg(long)]
+        max_steps: Option<u64>,
+        /// Log the training loss every this many steps.
+        #[arg(long, default_value_t = 20)]
+        log_every: u64,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
     /// List the visible GPUs (name, compute capability, memory, SMs, driver).
     Devices,
 }
@@ -23,6 +65,38 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Train {
+            config,
+            device,
+            gpu,
+            data,
+            out,
+            seed,
+            batch_size,
+            epochs,
+            resume,
+            init,
+            max_steps,
+            log_every,
+            quiet,
+        } => host::cli::train(
+            &config,
+            host::train::TrainOptions {
+                device,
+                gpu,
+                out,
+                seed,
+                batch_size,
+                epochs,
+                data,
+                resume,
+                init,
+                max_steps,
+                log_every: log_every.max(1),
+                progress: !quiet,
+                ..Default::default()
+            },
+        ),
         Command::Devices => host::cli::devices(),
     };
     if let Err(e) = result {

@@ -72,7 +72,9 @@ impl<B: Backend> Model<B> {
     /// from `seed` (N(0, init_std²) weights, constant biases).
     pub fn new(be: &B, spec: &ModelSpec, batch: usize, seed: u64) -> Result<Self> {
         let layers = spec.layers.clone();
-        let Some(last) = layers.last() else { bail!("the model has no layers") };
+        let Some(last) = layers.last() else {
+            bail!("the model has no layers")
+        };
         if last.kind != LayerKind::Softmax {
             bail!("the last layer must be softmax");
         }
@@ -84,7 +86,10 @@ impl<B: Backend> Model<B> {
         let (mut params, mut slots, mut scales) = (Vec::new(), Vec::new(), Vec::new());
         for l in &layers {
             let src = acts.len() - 1;
-            let in_place = matches!(l.kind, LayerKind::Relu | LayerKind::Dropout(_) | LayerKind::Softmax);
+            let in_place = matches!(
+                l.kind,
+                LayerKind::Relu | LayerKind::Dropout(_) | LayerKind::Softmax
+            );
             let dst = if in_place {
                 src
             } else {
@@ -93,7 +98,12 @@ impl<B: Backend> Model<B> {
                 grads.push(be.zeros(len)?);
                 acts.len() - 1
             };
-            let mut slot = Slot { src, dst, params: None, scale: None };
+            let mut slot = Slot {
+                src,
+                dst,
+                params: None,
+                scale: None,
+            };
             let init = match &l.kind {
                 LayerKind::Conv(c) => Some((c.init_std, c.init_bias)),
                 LayerKind::Fc(f) => Some((f.init_std, f.init_bias)),
@@ -102,12 +112,20 @@ impl<B: Backend> Model<B> {
             if let Some((std, bias)) = init {
                 let shapes = l.param_shapes();
                 let normal = Normal::new(0.0f32, std.max(0.0))?;
-                let w: Vec<f32> = (0..numel(&shapes[0].1)).map(|_| normal.sample(&mut rng)).collect();
+                let w: Vec<f32> = (0..numel(&shapes[0].1))
+                    .map(|_| normal.sample(&mut rng))
+                    .collect();
                 let b = vec![bias; numel(&shapes[1].1)];
                 let first = params.len();
                 for ((name, shape), host) in shapes.into_iter().zip([w, b]) {
                     let len = host.len();
-                    params.push(Param { name, shape, value: be.upload(&host)?, grad: be.zeros(len)?, momentum: be.zeros(len)? });
+                    params.push(Param {
+                        name,
+                        shape,
+                        value: be.upload(&host)?,
+                        grad: be.zeros(len)?,
+                        momentum: be.zeros(len)?,
+                    });
                 }
                 slot.params = Some((first, first + 1));
             }
@@ -133,6 +151,11 @@ impl<B: Backend> Model<B> {
         })
     }
 
+    /// Values in one input sample (`C·H·W`).
+    pub fn input_len_per_sample(&self) -> usize {
+        numel(&self.layers[0].in_shape)
+    }
+
     /// Number of trainable values.
     pub fn param_count(&self, be: &B) -> usize {
         self.params.iter().map(|p| be.len(&p.value)).sum()
@@ -141,9 +164,16 @@ impl<B: Backend> Model<B> {
     /// Copies a batch (NCHW images, labels) to the backend.
     pub fn set_batch(&mut self, be: &B, images: &[f32], labels: &[i32]) -> Result<()> {
         if labels.len() != self.batch {
-            bail!("batch of {} samples given to a model built for {}", labels.len(), self.batch);
+            bail!(
+                "batch of {} samples given to a model built for {}",
+                labels.len(),
+                self.batch
+            );
         }
-        if let Some(bad) = labels.iter().find(|&&l| l < 0 || l as usize >= self.classes) {
+        if let Some(bad) = labels
+            .iter()
+            .find(|&&l| l < 0 || l as usize >= self.classes)
+        {
             bail!("label {bad} is outside 0..{}", self.classes);
         }
         be.write(&mut self.acts[0], images)?;
@@ -181,13 +211,24 @@ impl<B: Backend> Model<B> {
                 }
                 LayerKind::Dropout(d) => {
                     if let Some((seed, step)) = dropout {
-                        let dp = DropoutParams { p: d.p, seed: seed ^ ((i as u64) << 48), step };
+                        let dp = DropoutParams {
+                            p: d.p,
+                            seed: seed ^ ((i as u64) << 48),
+                            step,
+                        };
                         be.dropout_forward(&dp, &mut self.acts[s.dst])?;
                     }
                 }
                 LayerKind::Softmax => {
                     let x = &self.acts[s.src];
-                    be.softmax_xent_forward(n, self.classes, x, &self.labels, &mut self.probs, &mut self.loss)?;
+                    be.softmax_xent_forward(
+                        n,
+                        self.classes,
+                        x,
+                        &self.labels,
+                        &mut self.probs,
+                        &mut self.loss,
+                    )?;
                     be.label_rank(n, self.classes, x, &self.labels, &mut self.rank)?;
                 }
             }
@@ -203,11 +244,21 @@ impl<B: Backend> Model<B> {
             let first = s.src == 0;
             match &l.kind {
                 LayerKind::Softmax => {
-                    be.softmax_xent_backward(n, self.classes, &self.probs, &self.labels, &mut self.grads[s.src])?;
+                    be.softmax_xent_backward(
+                        n,
+                        self.classes,
+                        &self.probs,
+                        &self.labels,
+                        &mut self.grads[s.src],
+                    )?;
                 }
                 LayerKind::Dropout(d) => {
                     if let Some((seed, step)) = dropout {
-                        let dp = DropoutParams { p: d.p, seed: seed ^ ((i as u64) << 48), step };
+                        let dp = DropoutParams {
+                            p: d.p,
+                            seed: seed ^ ((i as u64) << 48),
+                            step,
+                        };
                         be.dropout_backward(&dp, &mut self.grads[s.dst])?;
                     }
                 }
@@ -215,7 +266,12 @@ impl<B: Backend> Model<B> {
                 LayerKind::Fc(_) => {
                     let g = l.fc_geom(n).unwrap();
                     let (w, b) = s.params.unwrap();
-                    be.fc_backward_filter(&g, &self.acts[s.src], &self.grads[s.dst], &mut self.params[w].grad)?;
+                    be.fc_backward_filter(
+                        &g,
+                        &self.acts[s.src],
+                        &self.grads[s.dst],
+                        &mut self.params[w].grad,
+                    )?;
                     be.fc_backward_bias(&g, &self.grads[s.dst], &mut self.params[b].grad)?;
                     if !first {
                         let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
@@ -225,7 +281,12 @@ impl<B: Backend> Model<B> {
                 LayerKind::Conv(_) => {
                     let g = l.conv_geom(n).unwrap();
                     let (w, b) = s.params.unwrap();
-                    be.conv_backward_filter(&g, &self.acts[s.src], &self.grads[s.dst], &mut self.params[w].grad)?;
+                    be.conv_backward_filter(
+                        &g,
+                        &self.acts[s.src],
+                        &self.grads[s.dst],
+                        &mut self.params[w].grad,
+                    )?;
                     be.conv_backward_bias(&g, &self.grads[s.dst], &mut self.params[b].grad)?;
                     if !first {
                         let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
@@ -268,24 +329,50 @@ impl<B: Backend> Model<B> {
     }
 
     /// Downloads every parameter (or, with `momentum`, its momentum buffer).
-    pub fn download_params(&self, be: &B, momentum: bool) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+    pub fn download_params(
+        &self,
+        be: &B,
+        momentum: bool,
+    ) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
         self.params
             .iter()
-            .map(|p| Ok((p.name.clone(), p.shape.clone(), be.download(if momentum { &p.momentum } else { &p.value })?)))
+            .map(|p| {
+                Ok((
+                    p.name.clone(),
+                    p.shape.clone(),
+                    be.download(if momentum { &p.momentum } else { &p.value })?,
+                ))
+            })
             .collect()
     }
 
     /// Overwrites parameters (or momentum buffers) by name; every parameter
     /// must be given, with its exact shape.
-    pub fn upload_params(&mut self, be: &B, tensors: &[(String, Vec<usize>, Vec<f32>)], momentum: bool) -> Result<()> {
+    pub fn upload_params(
+        &mut self,
+        be: &B,
+        tensors: &[(String, Vec<usize>, Vec<f32>)],
+        momentum: bool,
+    ) -> Result<()> {
         for p in &mut self.params {
             let Some((_, shape, data)) = tensors.iter().find(|(n, _, _)| *n == p.name) else {
                 bail!("{} is missing", p.name);
             };
             if *shape != p.shape {
-                bail!("{} has shape {shape:?}, the model expects {:?}", p.name, p.shape);
+                bail!(
+                    "{} has shape {shape:?}, the model expects {:?}",
+                    p.name,
+                    p.shape
+                );
             }
-            be.write(if momentum { &mut p.momentum } else { &mut p.value }, data)?;
+            be.write(
+                if momentum {
+                    &mut p.momentum
+                } else {
+                    &mut p.value
+                },
+                data,
+            )?;
         }
         Ok(())
     }

@@ -129,6 +129,9 @@ pub struct Augment {
     /// σ of the PCA colour noise; 0 turns it off.
     pub pca_sigma: f32,
     pub normalize: Normalize,
+    /// Zero padding added on every side before a random crop (training
+    /// only; the CIFAR-style pad-and-crop used for small images).
+    pub pad: usize,
 }
 
 impl Augment {
@@ -141,6 +144,7 @@ impl Augment {
             flip: true,
             pca_sigma: 0.1,
             normalize,
+            pad: 0,
         }
     }
 
@@ -152,6 +156,7 @@ impl Augment {
             flip: false,
             pca_sigma: 0.0,
             normalize,
+            pad: 0,
         }
     }
 
@@ -207,6 +212,14 @@ impl Augment {
         rng: &mut R,
         out: &mut [f32],
     ) -> Result<()> {
+        if self.random_crop && self.pad > 0 {
+            let (padded, padded_shape) = pad_sample(sample, shape, self.pad)?;
+            let unpadded = Augment {
+                pad: 0,
+                ..self.clone()
+            };
+            return unpadded.apply(&padded, padded_shape, rng, out);
+        }
         let [c, h, w] = shape;
         self.output_shape(shape)?;
         let (y0, x0) = if self.random_crop {
@@ -329,6 +342,41 @@ impl Augment {
         }
         Ok(())
     }
+}
+
+/// `sample` with `pad` zeros added on every side of each plane.
+fn pad_sample(sample: &Sample, shape: [usize; 3], pad: usize) -> Result<(Sample, [usize; 3])> {
+    let [c, h, w] = shape;
+    if sample.pixels.len() != c * h * w {
+        bail!(
+            "sample has {} pixel values but shape {shape:?} needs {}",
+            sample.pixels.len(),
+            c * h * w
+        );
+    }
+    let (ph, pw) = (h + 2 * pad, w + 2 * pad);
+    fn grow<T: Copy + Default>(v: &[T], c: usize, h: usize, w: usize, pad: usize) -> Vec<T> {
+        let (ph, pw) = (h + 2 * pad, w + 2 * pad);
+        let mut out = vec![T::default(); c * ph * pw];
+        for ch in 0..c {
+            for y in 0..h {
+                let src = &v[(ch * h + y) * w..][..w];
+                out[(ch * ph + y + pad) * pw + pad..][..w].copy_from_slice(src);
+            }
+        }
+        out
+    }
+    let pixels = match &sample.pixels {
+        Pixels::U8(v) => Pixels::U8(grow(v, c, h, w, pad)),
+        Pixels::F32(v) => Pixels::F32(grow(v, c, h, w, pad)),
+    };
+    Ok((
+        Sample {
+            pixels,
+            label: sample.label,
+        },
+        [c, ph, pw],
+    ))
 }
 
 fn copy_row<T: Copy>(src: &[T], dst: &mut [f32], mirror: bool, f: impl Fn(T) -> f32) {
