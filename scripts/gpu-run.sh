@@ -27,9 +27,10 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   run devices "$here/bin/host" devices
   run gpu_ops "$here/bin/gpu_ops"
-  for t in "$here"/bin/*; do
-    case $(basename "$t") in gpu_ops|kernels|host) ;; *) run "$(basename "$t")" "$t" ;; esac
-  done
+  # A short GPU training run (needs configs/ from the repository root).
+  if [ -f configs/tiny.json ]; then
+    run train-tiny "$here/bin/host" train configs/tiny.json --device cuda --out "$logs/runs" --quiet
+  fi
 fi
 if [ "$what" = sanitize ] || [ "$what" = all ]; then
   # Small shapes only: the sanitizers slow kernels down by orders of magnitude.
