@@ -57,3 +57,47 @@ pub fn train(config: &std::path::Path, mut opts: crate::train::TrainOptions) -> 
     );
     Ok(())
 }
+
+/// `host bench CONFIG`: training-step images/s at each batch size.
+pub fn bench(
+    config: &std::path::Path,
+    batches: &[usize],
+    steps: usize,
+    profile: bool,
+    device: crate::train::DeviceChoice,
+    gpu: usize,
+    json: Option<&std::path::Path>,
+) -> Result<()> {
+    use crate::backend::cpu::CpuBackend;
+    use crate::train::DeviceChoice;
+    let cfg = crate::config::load(config)?;
+    if batches.contains(&0) || steps == 0 {
+        anyhow::bail!("--batch-size and --steps must be ≥ 1");
+    }
+    let use_gpu = match device {
+        DeviceChoice::Cpu => false,
+        DeviceChoice::Cuda => true,
+        DeviceChoice::Auto => match cuda::unavailable_reason() {
+            None => true,
+            Some(why) => {
+                eprintln!("no usable GPU ({why}); benchmarking the CPU backend");
+                false
+            }
+        },
+    };
+    let mut results = Vec::new();
+    for &b in batches {
+        let r = if use_gpu {
+            crate::bench::bench(&cuda::CudaBackend::new(gpu)?, &cfg, b, steps, profile)?
+        } else {
+            crate::bench::bench(&CpuBackend, &cfg, b, steps, profile)?
+        };
+        r.print();
+        results.push(r);
+    }
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&results)?;
+        std::fs::write(path, text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}

@@ -5,6 +5,7 @@
 //! I/O, `report` metrics and plots.
 
 pub mod backend;
+pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;

@@ -58,6 +58,27 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Training-step throughput (images/s) on device-resident synthetic data.
+    Bench {
+        /// Model config, e.g. configs/alexnet.json.
+        config: PathBuf,
+        /// Batch sizes to measure, e.g. 128,256.
+        #[arg(long, value_delimiter = ',', default_values_t = [128usize, 256])]
+        batch_size: Vec<usize>,
+        /// Timed steps per batch size (after 3 warm-up steps).
+        #[arg(long, default_value_t = 30)]
+        steps: usize,
+        /// Also time each layer's forward and backward pass.
+        #[arg(long)]
+        profile: bool,
+        #[arg(long, value_enum, default_value = "auto")]
+        device: DeviceChoice,
+        #[arg(long, default_value_t = 0)]
+        gpu: usize,
+        /// Also write the results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// List the visible GPUs (name, compute capability, memory, SMs, driver).
     Devices,
 }
@@ -96,6 +117,23 @@ fn main() {
                 progress: !quiet,
                 ..Default::default()
             },
+        ),
+        Command::Bench {
+            config,
+            batch_size,
+            steps,
+            profile,
+            device,
+            gpu,
+            json,
+        } => host::cli::bench(
+            &config,
+            &batch_size,
+            steps,
+            profile,
+            device,
+            gpu,
+            json.as_deref(),
         ),
         Command::Devices => host::cli::devices(),
     };

@@ -183,8 +183,17 @@ impl<B: Backend> Model<B> {
     /// Forward pass: probabilities, per-sample loss and label ranks.
     /// `dropout` is `Some((seed, step))` in training, `None` in evaluation.
     pub fn forward(&mut self, be: &B, dropout: Option<(u64, u64)>) -> Result<()> {
+        for i in 0..self.layers.len() {
+            self.forward_layer(be, i, dropout)?;
+        }
+        Ok(())
+    }
+
+    /// Forward pass of layer `i` alone (the layers before it must have run).
+    pub fn forward_layer(&mut self, be: &B, i: usize, dropout: Option<(u64, u64)>) -> Result<()> {
         let n = self.batch;
-        for (i, (l, s)) in self.layers.iter().zip(&self.slots).enumerate() {
+        let (l, s) = (&self.layers[i], &self.slots[i]);
+        {
             match &l.kind {
                 LayerKind::Conv(_) => {
                     let g = l.conv_geom(n).unwrap();
@@ -239,8 +248,17 @@ impl<B: Backend> Model<B> {
     /// Backward pass after a training `forward` with the same `dropout`;
     /// leaves every parameter's gradient in `Param::grad`.
     pub fn backward(&mut self, be: &B, dropout: Option<(u64, u64)>) -> Result<()> {
+        for i in (0..self.layers.len()).rev() {
+            self.backward_layer(be, i, dropout)?;
+        }
+        Ok(())
+    }
+
+    /// Backward pass of layer `i` alone (the layers after it must have run).
+    pub fn backward_layer(&mut self, be: &B, i: usize, dropout: Option<(u64, u64)>) -> Result<()> {
         let n = self.batch;
-        for (i, (l, s)) in self.layers.iter().zip(&self.slots).enumerate().rev() {
+        let (l, s) = (&self.layers[i], &self.slots[i]);
+        {
             let first = s.src == 0;
             match &l.kind {
                 LayerKind::Softmax => {

@@ -161,6 +161,34 @@ pub trait Backend {
     /// Wait for all queued work; reports any asynchronous failure.
     fn synchronize(&self) -> Result<()>;
 
+    /// Milliseconds of each of `reps` calls of `f` after `warmup` untimed
+    /// ones. The default uses the host clock around a synchronised call; the
+    /// CUDA backend times with events on its stream.
+    fn time_ms(
+        &self,
+        warmup: usize,
+        reps: usize,
+        f: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Vec<f32>> {
+        for _ in 0..warmup {
+            f()?;
+        }
+        self.synchronize()?;
+        (0..reps)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                f()?;
+                self.synchronize()?;
+                Ok(t.elapsed().as_secs_f32() * 1e3)
+            })
+            .collect()
+    }
+
+    /// `(free, total)` device memory in bytes, where the backend has any.
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        None
+    }
+
     /// `y = conv(x, w) + bias`.
     fn conv_forward(
         &self,

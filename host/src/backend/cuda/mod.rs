@@ -320,6 +320,17 @@ impl Backend for CudaBackend {
     fn len(&self, buf: &CudaSlice<f32>) -> usize {
         buf.len()
     }
+    fn time_ms(
+        &self,
+        warmup: usize,
+        reps: usize,
+        f: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Vec<f32>> {
+        self.time_events(warmup, reps, f)
+    }
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.ctx.mem_get_info().ok()
+    }
     fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(|e| {
             anyhow!("GPU work failed: {e} (set ALEXNET_SYNC_LAUNCHES=1 to find the kernel)")
