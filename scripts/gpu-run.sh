@@ -40,5 +40,6 @@ if [ "$what" = sanitize ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   run kernels env ALEXNET_BENCH_JSON="$logs/kernel-bench.json" "$here/bin/kernels"
+  [ -f configs/alexnet.json ] && run bench-alexnet "$here/bin/host" bench configs/alexnet.json --batch-size 128,256 --profile --device cuda --json "$logs/bench-alexnet.json"
 fi
 exit $status

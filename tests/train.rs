@@ -197,3 +197,20 @@ fn missing_inputs_are_one_line_errors() {
         "--batch-size",
     );
 }
+
+#[test]
+fn checkpoint_uses_pytorch_names_and_layouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny();
+    let out = train(cfg.clone(), &TrainOptions { max_steps: Some(3), ..opts(dir.path()) }).unwrap();
+    let ck = checkpoint::load(out.last_checkpoint.as_ref().unwrap()).unwrap();
+    let got: Vec<_> = ck.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
+    assert_eq!(got, cfg.model.param_shapes());
+    // conv2 has groups 2: [out, in/groups, kh, kw]; fc3 flattens (C, H, W).
+    assert!(got.contains(&("conv2.weight".to_string(), vec![16, 4, 3, 3])));
+    assert!(got.contains(&("fc3.weight".to_string(), vec![32, 16 * 4 * 4])));
+    assert_eq!(ck.momentum.len(), ck.tensors.len());
+    assert_eq!(ck.meta.step, 3);
+    let again = host::config::Config::from_str(&ck.meta.config_json, "checkpoint").unwrap();
+    assert_eq!(again.model, cfg.model);
+}
