@@ -21,6 +21,10 @@ struct Row {
 
 struct Bench {
     be: CudaBackend,
+    /// The same GPU with TF32 conv/fc products.
+    tf32: CudaBackend,
+    /// Whether `run` uses `tf32`.
+    use_tf32: bool,
     rows: Vec<Row>,
     filters: Vec<String>,
 }
@@ -46,20 +50,24 @@ impl Bench {
         if !self.wanted(kernel, case) {
             return Ok(());
         }
-        let be = &self.be;
+        let be = if self.use_tf32 { &self.tf32 } else { &self.be };
         let mut t = be.time_events(5, 40, || f(be))?;
         t.sort_by(f32::total_cmp);
         let median = t[t.len() / 2] as f64;
         let row = Row {
             kernel,
-            case: case.to_string(),
+            case: if self.use_tf32 {
+                format!("{case} tf32")
+            } else {
+                case.to_string()
+            },
             median_ms: median,
             min_ms: t[0] as f64,
             gflops: (flops > 0.0).then(|| flops / median / 1e6),
             gbps: (bytes > 0.0).then(|| bytes / median / 1e6),
         };
         println!(
-            "{:<22} {:<26} {:>9.3} ms {:>10} {:>10}",
+            "{:<22} {:<26} {:>9.3} ms {:>11} {:>10}",
             row.kernel,
             row.case,
             row.median_ms,
@@ -104,8 +112,12 @@ fn main() -> Result<()> {
         "kernel benchmarks on {}, batch {n}, median of 40 after 5 warm-up\n",
         be.name()
     );
+    let mut tf32 = CudaBackend::new(0)?;
+    tf32.set_precision(host::config::Precision::Tf32)?;
     let mut b = Bench {
         be,
+        tf32,
+        use_tf32: false,
         rows: vec![],
         filters,
     };
@@ -129,70 +141,74 @@ fn main() -> Result<()> {
         ("conv4", conv(384, 13, 384, 3, 1, 1, 2)),
         ("conv5", conv(384, 13, 256, 3, 1, 1, 2)),
     ];
-    for (i, (name, g)) in convs.iter().enumerate() {
-        let seed = i as u64 * 10;
-        let x = rand_buf(&b.be, g.x_len(), seed)?;
-        let w = rand_buf(&b.be, g.w_len(), seed + 1)?;
-        let bias = rand_buf(&b.be, g.c_out, seed + 2)?;
-        let dy = rand_buf(&b.be, g.y_len(), seed + 3)?;
-        let mut y = b.be.zeros(g.y_len())?;
-        let mut dx = b.be.zeros(g.x_len())?;
-        let mut dw = b.be.zeros(g.w_len())?;
-        let mut db = b.be.zeros(g.c_out)?;
-        let flops = 2.0 * g.macs() as f64;
-        b.run("conv_forward", name, flops, 0.0, |be| {
-            be.conv_forward(g, &x, &w, &bias, &mut y)
-        })?;
-        b.run("conv_backward_data", name, flops, 0.0, |be| {
-            be.conv_backward_data(g, &dy, &w, &mut dx)
-        })?;
-        b.run("conv_backward_filter", name, flops, 0.0, |be| {
-            be.conv_backward_filter(g, &x, &dy, &mut dw)
-        })?;
-        let bytes = 4.0 * (g.y_len() + g.c_out) as f64;
-        b.run("conv_backward_bias", name, 0.0, bytes, |be| {
-            be.conv_backward_bias(g, &dy, &mut db)
-        })?;
-    }
+    for use_tf32 in [false, true] {
+        b.use_tf32 = use_tf32;
+        for (i, (name, g)) in convs.iter().enumerate() {
+            let seed = i as u64 * 10;
+            let x = rand_buf(&b.be, g.x_len(), seed)?;
+            let w = rand_buf(&b.be, g.w_len(), seed + 1)?;
+            let bias = rand_buf(&b.be, g.c_out, seed + 2)?;
+            let dy = rand_buf(&b.be, g.y_len(), seed + 3)?;
+            let mut y = b.be.zeros(g.y_len())?;
+            let mut dx = b.be.zeros(g.x_len())?;
+            let mut dw = b.be.zeros(g.w_len())?;
+            let mut db = b.be.zeros(g.c_out)?;
+            let flops = 2.0 * g.macs() as f64;
+            b.run("conv_forward", name, flops, 0.0, |be| {
+                be.conv_forward(g, &x, &w, &bias, &mut y)
+            })?;
+            b.run("conv_backward_data", name, flops, 0.0, |be| {
+                be.conv_backward_data(g, &dy, &w, &mut dx)
+            })?;
+            b.run("conv_backward_filter", name, flops, 0.0, |be| {
+                be.conv_backward_filter(g, &x, &dy, &mut dw)
+            })?;
+            let bytes = 4.0 * (g.y_len() + g.c_out) as f64;
+            b.run("conv_backward_bias", name, 0.0, bytes, |be| {
+                be.conv_backward_bias(g, &dy, &mut db)
+            })?;
+        }
 
-    for (i, (name, inputs, outputs)) in [
-        ("fc6", 9216, 4096),
-        ("fc7", 4096, 4096),
-        ("fc8", 4096, 1000),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let g = FcGeom { n, inputs, outputs };
-        let seed = 100 + i as u64 * 10;
-        let x = rand_buf(&b.be, n * inputs, seed)?;
-        let w = rand_buf(&b.be, inputs * outputs, seed + 1)?;
-        let bias = rand_buf(&b.be, outputs, seed + 2)?;
-        let dy = rand_buf(&b.be, n * outputs, seed + 3)?;
-        let (mut y, mut dx, mut dw, mut db) = (
-            b.be.zeros(n * outputs)?,
-            b.be.zeros(n * inputs)?,
-            b.be.zeros(inputs * outputs)?,
-            b.be.zeros(outputs)?,
-        );
-        let flops = 2.0 * (n * inputs * outputs) as f64;
-        b.run("fc_forward", name, flops, 0.0, |be| {
-            be.fc_forward(&g, &x, &w, &bias, &mut y)
-        })?;
-        b.run("fc_backward_data", name, flops, 0.0, |be| {
-            be.fc_backward_data(&g, &dy, &w, &mut dx)
-        })?;
-        b.run("fc_backward_filter", name, flops, 0.0, |be| {
-            be.fc_backward_filter(&g, &x, &dy, &mut dw)
-        })?;
-        b.run(
-            "fc_backward_bias",
-            name,
-            0.0,
-            4.0 * (n * outputs + outputs) as f64,
-            |be| be.fc_backward_bias(&g, &dy, &mut db),
-        )?;
+        for (i, (name, inputs, outputs)) in [
+            ("fc6", 9216, 4096),
+            ("fc7", 4096, 4096),
+            ("fc8", 4096, 1000),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let g = FcGeom { n, inputs, outputs };
+            let seed = 100 + i as u64 * 10;
+            let x = rand_buf(&b.be, n * inputs, seed)?;
+            let w = rand_buf(&b.be, inputs * outputs, seed + 1)?;
+            let bias = rand_buf(&b.be, outputs, seed + 2)?;
+            let dy = rand_buf(&b.be, n * outputs, seed + 3)?;
+            let (mut y, mut dx, mut dw, mut db) = (
+                b.be.zeros(n * outputs)?,
+                b.be.zeros(n * inputs)?,
+                b.be.zeros(inputs * outputs)?,
+                b.be.zeros(outputs)?,
+            );
+            let flops = 2.0 * (n * inputs * outputs) as f64;
+            b.run("fc_forward", name, flops, 0.0, |be| {
+                be.fc_forward(&g, &x, &w, &bias, &mut y)
+            })?;
+            b.run("fc_backward_data", name, flops, 0.0, |be| {
+                be.fc_backward_data(&g, &dy, &w, &mut dx)
+            })?;
+            b.run("fc_backward_filter", name, flops, 0.0, |be| {
+                be.fc_backward_filter(&g, &x, &dy, &mut dw)
+            })?;
+            b.run(
+                "fc_backward_bias",
+                name,
+                0.0,
+                4.0 * (n * outputs + outputs) as f64,
+                |be| be.fc_backward_bias(&g, &dy, &mut db),
+            )?;
+        }
     }
+    b.use_tf32 = false;
 
     let relu_len = n * 96 * 55 * 55;
     let mut act = rand_buf(&b.be, relu_len, 200)?;

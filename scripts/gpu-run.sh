@@ -40,6 +40,10 @@ if [ "$what" = sanitize ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   run kernels env ALEXNET_BENCH_JSON="$logs/kernel-bench.json" "$here/bin/kernels"
-  [ -f configs/alexnet.json ] && run bench-alexnet "$here/bin/host" bench configs/alexnet.json --batch-size 128,256 --profile --device cuda --json "$logs/bench-alexnet.json"
+  if [ -f configs/alexnet.json ]; then
+    for p in fp32 tf32; do
+      run bench-alexnet-$p "$here/bin/host" bench configs/alexnet.json --batch-size 128,256 --profile --precision $p --device cuda --json "$logs/bench-alexnet-$p.json"
+    done
+  fi
 fi
 exit $status

@@ -7,7 +7,9 @@
 //! Tolerances: 1e-5 for fp32 products and sums (the f64 reference differs
 //! from fp32 accumulation by about ε·√K ≈ 6e-8·60 for K ≈ 4k), 1e-5 for LRN and
 //! softmax (PTX ex2/lg2 have ~2^-22 relative error), 0 where the GPU must be
-//! bit-identical (dropout masks, pooling forward, ranks).
+//! bit-identical (dropout masks, pooling forward, ranks). The conv and fc
+//! products also run in TF32 (operands rounded to 10 mantissa bits, relative
+//! error ≤ 2^-11 each, ≈ 4e-4 on a product of random values): tolerance 1e-3.
 //!
 //! A custom harness (no libtest): without a GPU it prints one SKIPPED line per
 //! test and a summary saying why, so a skip is never mistaken for a pass.
@@ -23,6 +25,8 @@ use rand::{Rng, SeedableRng};
 
 struct Ctx {
     gpu: CudaBackend,
+    /// The same GPU with the conv/fc products on TF32 tensor cores.
+    tf32: CudaBackend,
     cpu: CpuBackend,
     rng: StdRng,
     checks: usize,
@@ -147,8 +151,14 @@ fn main() {
         "gpu_ops on {} (seed {seed}; ALEXNET_TEST_SEED={seed} repeats it)",
         gpu.name()
     );
+    let mut tf32 = CudaBackend::new(0).unwrap_or_else(|e| {
+        eprintln!("gpu_ops: cannot open GPU 0: {e:#}");
+        std::process::exit(1);
+    });
+    tf32.set_precision(host::config::Precision::Tf32).unwrap();
     let mut ctx = Ctx {
         gpu,
+        tf32,
         cpu: CpuBackend,
         rng: StdRng::seed_from_u64(seed),
         checks: 0,
@@ -238,6 +248,14 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
 }
 
 fn conv_forward(c: &mut Ctx) -> Result<()> {
+    for tf32 in [false, true] {
+        conv_forward_in(c, tf32)?;
+    }
+    Ok(())
+}
+
+fn conv_forward_in(c: &mut Ctx, tf32: bool) -> Result<()> {
+    let (label, tol) = if tf32 { (" tf32", 1e-3) } else { ("", 1e-5) };
     for (case, g) in conv_cases() {
         let (x, w, b) = (
             c.randn(g.x_len(), 1.0),
@@ -248,37 +266,65 @@ fn conv_forward(c: &mut Ctx) -> Result<()> {
         c.cpu.conv_forward(&g, &x, &w, &b, &mut want)?;
         let (gx, gw, gb) = (c.gpu.upload(&x)?, c.gpu.upload(&w)?, c.gpu.upload(&b)?);
         let mut gy = c.gpu.poisoned(g.y_len())?;
-        c.gpu.conv_forward(&g, &gx, &gw, &gb, &mut gy)?;
+        if tf32 { &c.tf32 } else { &c.gpu }.conv_forward(&g, &gx, &gw, &gb, &mut gy)?;
         let got = c.gpu.download(&gy)?;
-        c.check("conv_forward", case, &got, &want, 1e-5);
+        c.check("conv_forward", &format!("{case}{label}"), &got, &want, tol);
     }
     Ok(())
 }
 
 fn conv_backward_data(c: &mut Ctx) -> Result<()> {
+    for tf32 in [false, true] {
+        conv_backward_data_in(c, tf32)?;
+    }
+    Ok(())
+}
+
+fn conv_backward_data_in(c: &mut Ctx, tf32: bool) -> Result<()> {
+    let (label, tol) = if tf32 { (" tf32", 1e-3) } else { ("", 1e-5) };
     for (case, g) in conv_cases() {
         let (dy, w) = (c.randn(g.y_len(), 1.0), c.randn(g.w_len(), 0.1));
         let mut want = vec![0.0; g.x_len()];
         c.cpu.conv_backward_data(&g, &dy, &w, &mut want)?;
         let (gdy, gw) = (c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
         let mut gdx = c.gpu.poisoned(g.x_len())?;
-        c.gpu.conv_backward_data(&g, &gdy, &gw, &mut gdx)?;
+        if tf32 { &c.tf32 } else { &c.gpu }.conv_backward_data(&g, &gdy, &gw, &mut gdx)?;
         let got = c.gpu.download(&gdx)?;
-        c.check("conv_backward_data", case, &got, &want, 1e-5);
+        c.check(
+            "conv_backward_data",
+            &format!("{case}{label}"),
+            &got,
+            &want,
+            tol,
+        );
     }
     Ok(())
 }
 
 fn conv_backward_filter(c: &mut Ctx) -> Result<()> {
+    for tf32 in [false, true] {
+        conv_backward_filter_in(c, tf32)?;
+    }
+    Ok(())
+}
+
+fn conv_backward_filter_in(c: &mut Ctx, tf32: bool) -> Result<()> {
+    let (label, tol) = if tf32 { (" tf32", 1e-3) } else { ("", 1e-5) };
     for (case, g) in conv_cases() {
         let (x, dy) = (c.randn(g.x_len(), 1.0), c.randn(g.y_len(), 1.0));
         let mut want = vec![0.0; g.w_len()];
         c.cpu.conv_backward_filter(&g, &x, &dy, &mut want)?;
         let (gx, gdy) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?);
         let mut gdw = c.gpu.poisoned(g.w_len())?;
-        c.gpu.conv_backward_filter(&g, &gx, &gdy, &mut gdw)?;
+        if tf32 { &c.tf32 } else { &c.gpu }.conv_backward_filter(&g, &gx, &gdy, &mut gdw)?;
         let got = c.gpu.download(&gdw)?;
-        c.check("conv_backward_filter", case, &got, &want, 1e-5);
+        c.check(
+            "conv_backward_filter",
+            &format!("{case}{label}"),
+            &got,
+            &want,
+            tol,
+        );
     }
     // Large enough batch for the split-K path (AlexNet conv3 at batch 16).
     let g = all_conv_cases()[6].1;
@@ -291,7 +337,7 @@ fn conv_backward_filter(c: &mut Ctx) -> Result<()> {
     c.cpu.conv_backward_filter(&g, &x, &dy, &mut want)?;
     let (gx, gdy) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?);
     let mut gdw = c.gpu.poisoned(g.w_len())?;
-    c.gpu.conv_backward_filter(&g, &gx, &gdy, &mut gdw)?;
+    if tf32 { &c.tf32 } else { &c.gpu }.conv_backward_filter(&g, &gx, &gdy, &mut gdw)?;
     let got = c.gpu.download(&gdw)?;
     c.check(
         "conv_backward_filter",
@@ -330,6 +376,14 @@ fn fc_cases() -> Vec<(&'static str, FcGeom)> {
 }
 
 fn fc_forward(c: &mut Ctx) -> Result<()> {
+    for tf32 in [false, true] {
+        fc_forward_in(c, tf32)?;
+    }
+    Ok(())
+}
+
+fn fc_forward_in(c: &mut Ctx, tf32: bool) -> Result<()> {
+    let (label, tol) = if tf32 { (" tf32", 1e-3) } else { ("", 1e-5) };
     for (case, g) in fc_cases() {
         let (x, w, b) = (
             c.randn(g.n * g.inputs, 1.0),
@@ -340,14 +394,22 @@ fn fc_forward(c: &mut Ctx) -> Result<()> {
         c.cpu.fc_forward(&g, &x, &w, &b, &mut want)?;
         let (gx, gw, gb) = (c.gpu.upload(&x)?, c.gpu.upload(&w)?, c.gpu.upload(&b)?);
         let mut gy = c.gpu.poisoned(want.len())?;
-        c.gpu.fc_forward(&g, &gx, &gw, &gb, &mut gy)?;
+        if tf32 { &c.tf32 } else { &c.gpu }.fc_forward(&g, &gx, &gw, &gb, &mut gy)?;
         let got = c.gpu.download(&gy)?;
-        c.check("fc_forward", case, &got, &want, 1e-5);
+        c.check("fc_forward", &format!("{case}{label}"), &got, &want, tol);
     }
     Ok(())
 }
 
 fn fc_backward_data(c: &mut Ctx) -> Result<()> {
+    for tf32 in [false, true] {
+        fc_backward_data_in(c, tf32)?;
+    }
+    Ok(())
+}
+
+fn fc_backward_data_in(c: &mut Ctx, tf32: bool) -> Result<()> {
+    let (label, tol) = if tf32 { (" tf32", 1e-3) } else { ("", 1e-5) };
     for (case, g) in fc_cases() {
         let (dy, w) = (
             c.randn(g.n * g.outputs, 1.0),
@@ -357,23 +419,43 @@ fn fc_backward_data(c: &mut Ctx) -> Result<()> {
         c.cpu.fc_backward_data(&g, &dy, &w, &mut want)?;
         let (gdy, gw) = (c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
         let mut gdx = c.gpu.poisoned(want.len())?;
-        c.gpu.fc_backward_data(&g, &gdy, &gw, &mut gdx)?;
+        if tf32 { &c.tf32 } else { &c.gpu }.fc_backward_data(&g, &gdy, &gw, &mut gdx)?;
         let got = c.gpu.download(&gdx)?;
-        c.check("fc_backward_data", case, &got, &want, 1e-5);
+        c.check(
+            "fc_backward_data",
+            &format!("{case}{label}"),
+            &got,
+            &want,
+            tol,
+        );
     }
     Ok(())
 }
 
 fn fc_backward_filter(c: &mut Ctx) -> Result<()> {
+    for tf32 in [false, true] {
+        fc_backward_filter_in(c, tf32)?;
+    }
+    Ok(())
+}
+
+fn fc_backward_filter_in(c: &mut Ctx, tf32: bool) -> Result<()> {
+    let (label, tol) = if tf32 { (" tf32", 1e-3) } else { ("", 1e-5) };
     for (case, g) in fc_cases() {
         let (x, dy) = (c.randn(g.n * g.inputs, 1.0), c.randn(g.n * g.outputs, 1.0));
         let mut want = vec![0.0; g.outputs * g.inputs];
         c.cpu.fc_backward_filter(&g, &x, &dy, &mut want)?;
         let (gx, gdy) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?);
         let mut gdw = c.gpu.poisoned(want.len())?;
-        c.gpu.fc_backward_filter(&g, &gx, &gdy, &mut gdw)?;
+        if tf32 { &c.tf32 } else { &c.gpu }.fc_backward_filter(&g, &gx, &gdy, &mut gdw)?;
         let got = c.gpu.download(&gdw)?;
-        c.check("fc_backward_filter", case, &got, &want, 1e-5);
+        c.check(
+            "fc_backward_filter",
+            &format!("{case}{label}"),
+            &got,
+            &want,
+            tol,
+        );
     }
     Ok(())
 }

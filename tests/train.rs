@@ -202,9 +202,20 @@ fn missing_inputs_are_one_line_errors() {
 fn checkpoint_uses_pytorch_names_and_layouts() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = tiny();
-    let out = train(cfg.clone(), &TrainOptions { max_steps: Some(3), ..opts(dir.path()) }).unwrap();
+    let out = train(
+        cfg.clone(),
+        &TrainOptions {
+            max_steps: Some(3),
+            ..opts(dir.path())
+        },
+    )
+    .unwrap();
     let ck = checkpoint::load(out.last_checkpoint.as_ref().unwrap()).unwrap();
-    let got: Vec<_> = ck.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
+    let got: Vec<_> = ck
+        .tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.shape.clone()))
+        .collect();
     assert_eq!(got, cfg.model.param_shapes());
     // conv2 has groups 2: [out, in/groups, kh, kw]; fc3 flattens (C, H, W).
     assert!(got.contains(&("conv2.weight".to_string(), vec![16, 4, 3, 3])));

@@ -15,7 +15,7 @@
 //! `gemm::SHARED_BYTES` of dynamic shared memory.
 
 use crate::device::{bdim_x, bid_x, bid_z, block_sum, shared, tid_x};
-use crate::gemm::{Epilogue, OperandA, OperandB, gemm_tile};
+use crate::gemm::{Epilogue, OperandA, OperandB, gemm_kernels, gemm_tile};
 
 /// Convolution shape, passed by value to every conv kernel.
 #[repr(C)]
@@ -82,7 +82,11 @@ impl Patches {
             return 0.0;
         }
         let ch = (n * s.c_in + self.g * s.cg() + c) as usize;
-        unsafe { *self.x.add((ch * s.h as usize + ih as usize) * s.w as usize + iw as usize) }
+        unsafe {
+            *self
+                .x
+                .add((ch * s.h as usize + ih as usize) * s.w as usize + iw as usize)
+        }
     }
 }
 
@@ -119,8 +123,7 @@ impl Epilogue for StoreOutput {
 
 /// Convolution forward, `y = conv(x, w) + bias`; see the module doc.
 /// Grid (⌈N·OH·OW/64⌉, ⌈Fg/64⌉, G).
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn conv_forward(
+unsafe fn conv_forward_impl<const TF32: bool>(
     s: ConvShape,
     x: *const f32,
     w: *const f32,
@@ -129,11 +132,16 @@ pub unsafe extern "ptx-kernel" fn conv_forward(
 ) {
     let g = bid_z();
     let k_len = s.cg() * s.kk();
-    let a = WeightRows { w: unsafe { w.add((g * s.fg() * k_len) as usize) }, k_len };
+    let a = WeightRows {
+        w: unsafe { w.add((g * s.fg() * k_len) as usize) },
+        k_len,
+    };
     let b = Patches { x, s, g };
     let e = StoreOutput { y, bias, s, g };
-    unsafe { gemm_tile(&a, &b, &e, s.fg(), s.n * s.oh * s.ow, 0, k_len) };
+    unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, s.fg(), s.n * s.oh * s.ow, 0, k_len) };
 }
+
+gemm_kernels!(conv_forward_impl => conv_forward, conv_forward_tf32 (s: ConvShape, x: *const f32, w: *const f32, bias: *const f32, y: *mut f32));
 
 /// w viewed as A(c, (f,kh,kw)) for one group (the transposed filter bank).
 struct WeightCols {
@@ -183,7 +191,11 @@ impl OperandB for GradPatches {
             return 0.0;
         }
         let ch = (img * s.c_out + self.g * s.fg() + f) as usize;
-        unsafe { *self.dy.add((ch * s.oh as usize + oh as usize) * s.ow as usize + ow as usize) }
+        unsafe {
+            *self
+                .dy
+                .add((ch * s.oh as usize + oh as usize) * s.ow as usize + ow as usize)
+        }
     }
 }
 
@@ -207,8 +219,7 @@ impl Epilogue for StoreInputGrad {
 
 /// Convolution data gradient, `dx = ∂L/∂x`; see the module doc.
 /// Grid (⌈N·H·W/64⌉, ⌈Cg/64⌉, G).
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn conv_backward_data(
+unsafe fn conv_backward_data_impl<const TF32: bool>(
     s: ConvShape,
     dy: *const f32,
     w: *const f32,
@@ -216,11 +227,16 @@ pub unsafe extern "ptx-kernel" fn conv_backward_data(
 ) {
     let g = bid_z();
     let k_len = s.fg() * s.kk();
-    let a = WeightCols { w: unsafe { w.add((g * s.fg() * s.cg() * s.kk()) as usize) }, s };
+    let a = WeightCols {
+        w: unsafe { w.add((g * s.fg() * s.cg() * s.kk()) as usize) },
+        s,
+    };
     let b = GradPatches { dy, s, g };
     let e = StoreInputGrad { dx, s, g };
-    unsafe { gemm_tile(&a, &b, &e, s.cg(), s.n * s.h * s.w, 0, k_len) };
+    unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, s.cg(), s.n * s.h * s.w, 0, k_len) };
 }
+
+gemm_kernels!(conv_backward_data_impl => conv_backward_data, conv_backward_data_tf32 (s: ConvShape, dy: *const f32, w: *const f32, dx: *mut f32));
 
 /// dy viewed as A(f, (n,oh,ow)) for one group.
 struct GradRows {
@@ -276,8 +292,7 @@ impl Epilogue for StoreFilterGrad {
 /// Convolution weight gradient, one split-K slice per z; see the module doc.
 /// `ws` holds `splits` copies of dw (with `splits == 1` it may be dw itself).
 /// Grid (⌈Cg·KH·KW/64⌉, ⌈Fg/64⌉, G·splits).
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn conv_backward_filter(
+unsafe fn conv_backward_filter_impl<const TF32: bool>(
     s: ConvShape,
     x: *const f32,
     dy: *const f32,
@@ -292,11 +307,15 @@ pub unsafe extern "ptx-kernel" fn conv_backward_filter(
     let n_len = s.cg() * s.kk();
     let dw_len = s.c_out as usize * n_len as usize;
     let a = GradRows { dy, s, g };
-    let b = PatchesT { p: Patches { x, s, g } };
+    let b = PatchesT {
+        p: Patches { x, s, g },
+    };
     let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
     let e = StoreFilterGrad { ws, offset, n_len };
-    unsafe { gemm_tile(&a, &b, &e, s.fg(), n_len, k_begin, k_end) };
+    unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, s.fg(), n_len, k_begin, k_end) };
 }
+
+gemm_kernels!(conv_backward_filter_impl => conv_backward_filter, conv_backward_filter_tf32 (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32));
 
 /// Convolution bias gradient, `db[c] = Σ_{n,h,w} dy[n, c, h, w]`: one block
 /// per channel (grid x = C_out), any multiple of 32 threads; fixed-order

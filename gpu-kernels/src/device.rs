@@ -142,7 +142,11 @@ pub unsafe fn block_sum(v: f32, scratch: *mut f32) -> f32 {
         unsafe { *scratch.add(warp as usize) = w };
     }
     sync_threads();
-    let x = if lane < nwarps { unsafe { *scratch.add(lane as usize) } } else { 0.0 };
+    let x = if lane < nwarps {
+        unsafe { *scratch.add(lane as usize) }
+    } else {
+        0.0
+    };
     let total = warp_sum(x);
     sync_threads();
     total
@@ -159,7 +163,11 @@ pub unsafe fn block_max(v: f32, scratch: *mut f32) -> f32 {
         unsafe { *scratch.add(warp as usize) = w };
     }
     sync_threads();
-    let x = if lane < nwarps { unsafe { *scratch.add(lane as usize) } } else { f32::NEG_INFINITY };
+    let x = if lane < nwarps {
+        unsafe { *scratch.add(lane as usize) }
+    } else {
+        f32::NEG_INFINITY
+    };
     let total = warp_max(x);
     sync_threads();
     total
@@ -169,4 +177,39 @@ pub unsafe fn block_max(v: f32, scratch: *mut f32) -> f32 {
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     core::f32::math::mul_add(a, b, c)
+}
+
+/// fp32 → tf32 (round to nearest, ties away; `cvt.rna.tf32.f32`), returned
+/// as the 32-bit pattern the tensor cores read.
+#[inline(always)]
+pub fn to_tf32(x: f32) -> u32 {
+    let y: u32;
+    unsafe { asm!("cvt.rna.tf32.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x) };
+    y
+}
+
+/// One warp-wide tensor-core product `c += a·b` on a 16×8×8 tile in TF32:
+/// `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`. With
+/// `g = lane / 4`, `t = lane % 4`: `a = [A[g][t], A[g+8][t], A[g][t+4],
+/// A[g+8][t+4]]`, `b = [B[t][g], B[t+4][g]]`, `c = [C[g][2t], C[g][2t+1],
+/// C[g+8][2t], C[g+8][2t+1]]`.
+#[inline(always)]
+pub fn mma_tf32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    let mut c = c;
+    unsafe {
+        asm!(
+            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {{{c0},{c1},{c2},{c3}}}, {{{a0},{a1},{a2},{a3}}}, {{{b0},{b1}}}, {{{c0},{c1},{c2},{c3}}};",
+            c0 = inout(reg32) c[0],
+            c1 = inout(reg32) c[1],
+            c2 = inout(reg32) c[2],
+            c3 = inout(reg32) c[3],
+            a0 = in(reg32) a[0],
+            a1 = in(reg32) a[1],
+            a2 = in(reg32) a[2],
+            a3 = in(reg32) a[3],
+            b0 = in(reg32) b[0],
+            b1 = in(reg32) b[1],
+        )
+    };
+    c
 }

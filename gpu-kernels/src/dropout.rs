@@ -40,7 +40,15 @@ unsafe fn apply(y: *mut f32, n: usize, p: f32, seed: u64, step: u64) {
     let (mut g, stride) = grid_stride();
     let groups = n.div_ceil(4);
     while g < groups {
-        let r = philox4x32_10([g as u32, (g as u64 >> 32) as u32, step as u32, (step >> 32) as u32], key);
+        let r = philox4x32_10(
+            [
+                g as u32,
+                (g as u64 >> 32) as u32,
+                step as u32,
+                (step >> 32) as u32,
+            ],
+            key,
+        );
         for (j, word) in r.iter().enumerate() {
             let i = g * 4 + j;
             if i < n {
@@ -57,12 +65,24 @@ unsafe fn apply(y: *mut f32, n: usize, p: f32, seed: u64, step: u64) {
 
 /// Dropout forward in place on `y[0..n]`.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn dropout_forward(y: *mut f32, n: usize, p: f32, seed: u64, step: u64) {
+pub unsafe extern "ptx-kernel" fn dropout_forward(
+    y: *mut f32,
+    n: usize,
+    p: f32,
+    seed: u64,
+    step: u64,
+) {
     unsafe { apply(y, n, p, seed, step) }
 }
 
 /// Dropout backward in place on the gradient `d[0..n]` (same mask and scale).
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn dropout_backward(d: *mut f32, n: usize, p: f32, seed: u64, step: u64) {
+pub unsafe extern "ptx-kernel" fn dropout_backward(
+    d: *mut f32,
+    n: usize,
+    p: f32,
+    seed: u64,
+    step: u64,
+) {
     unsafe { apply(d, n, p, seed, step) }
 }

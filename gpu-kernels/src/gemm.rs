@@ -16,10 +16,15 @@
 //! each thread's other index fixed over the K loop, so operand index decoding
 //! (divisions in the conv gathers) is hoisted out of it.
 //!
+//! With `TF32 = true` the same tiles are multiplied on the tensor cores
+//! (`mma.sync` m16n8k8 TF32, operands rounded to TF32 when they enter shared
+//! memory, fp32 accumulation): warp w of 8 owns a 16×32 slice of the tile,
+//! rows `16·(w / 2)..`, columns `32·(w % 2)..`, as four 16×8 accumulators.
+//!
 //! Grid: x over 64-column tiles of N, y over 64-row tiles of M, z over
 //! independent problems (conv groups × split-K slices).
 
-use crate::device::{bid_x, bid_y, fma, shared, sync_threads, tid_x};
+use crate::device::{bid_x, bid_y, fma, mma_tf32, shared, sync_threads, tid_x, to_tf32};
 
 pub const BM: u32 = 64;
 pub const BN: u32 = 64;
@@ -56,7 +61,7 @@ pub trait Epilogue {
 /// Computes the 64×64 tile of C at block (bid_x, bid_y) over `k` in
 /// `k_begin..k_end`. All 256 threads of the block must call it.
 #[inline(always)]
-pub unsafe fn gemm_tile<A: OperandA, B: OperandB, E: Epilogue>(
+pub unsafe fn gemm_tile<A: OperandA, B: OperandB, E: Epilogue, const TF32: bool>(
     a: &A,
     b: &B,
     e: &E,
@@ -77,26 +82,41 @@ pub unsafe fn gemm_tile<A: OperandA, B: OperandB, E: Epilogue>(
     // (k, col) for B, both relative to the tile origin.
     let a_coord = |r: u32| -> (u32, u32) {
         let e = tid + THREADS * r;
-        if A::K_FAST { (e / BK, e % BK) } else { (e % BM, e / BM) }
+        if A::K_FAST {
+            (e / BK, e % BK)
+        } else {
+            (e % BM, e / BM)
+        }
     };
     let b_coord = |r: u32| -> (u32, u32) {
         let e = tid + THREADS * r;
-        if B::K_FAST { (e % BK, e / BK) } else { (e / BN, e % BN) }
+        if B::K_FAST {
+            (e % BK, e / BK)
+        } else {
+            (e / BN, e % BN)
+        }
     };
 
     let load_regs = |k0: u32, ra: &mut [f32; 4], rb: &mut [f32; 4]| {
         for r in 0..4 {
             let (mi, ki) = a_coord(r);
             let (m, k) = (m0 + mi, k0 + ki);
-            ra[r as usize] =
-                if m < m_total && k < k_end { unsafe { a.load(m, k) } } else { 0.0 };
+            ra[r as usize] = if m < m_total && k < k_end {
+                unsafe { a.load(m, k) }
+            } else {
+                0.0
+            };
             let (ki, ni) = b_coord(r);
             let (k, n) = (k0 + ki, n0 + ni);
-            rb[r as usize] =
-                if n < n_total && k < k_end { unsafe { b.load(k, n) } } else { 0.0 };
+            rb[r as usize] = if n < n_total && k < k_end {
+                unsafe { b.load(k, n) }
+            } else {
+                0.0
+            };
         }
     };
 
+    let round = |v: f32| if TF32 { f32::from_bits(to_tf32(v)) } else { v };
     let mut acc = [[0.0f32; 4]; 4];
     let mut ra = [0.0f32; 4];
     let mut rb = [0.0f32; 4];
@@ -107,23 +127,27 @@ pub unsafe fn gemm_tile<A: OperandA, B: OperandB, E: Epilogue>(
     while k0 < k_end {
         for r in 0..4 {
             let (mi, ki) = a_coord(r);
-            unsafe { *a_s.add((ki * AS_STRIDE + mi) as usize) = ra[r as usize] };
+            unsafe { *a_s.add((ki * AS_STRIDE + mi) as usize) = round(ra[r as usize]) };
             let (ki, ni) = b_coord(r);
-            unsafe { *b_s.add((ki * BS_STRIDE + ni) as usize) = rb[r as usize] };
+            unsafe { *b_s.add((ki * BS_STRIDE + ni) as usize) = round(rb[r as usize]) };
         }
         sync_threads();
         let next = k0 + BK;
         if next < k_end {
             load_regs(next, &mut ra, &mut rb);
         }
-        for kk in 0..BK {
-            let av: [f32; 4] =
-                unsafe { *(a_s.add((kk * AS_STRIDE + ty * 4) as usize) as *const [f32; 4]) };
-            let bv: [f32; 4] =
-                unsafe { *(b_s.add((kk * BS_STRIDE + tx * 4) as usize) as *const [f32; 4]) };
-            for i in 0..4 {
-                for j in 0..4 {
-                    acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+        if TF32 {
+            unsafe { mma_steps(a_s, b_s, &mut acc) };
+        } else {
+            for kk in 0..BK {
+                let av: [f32; 4] =
+                    unsafe { *(a_s.add((kk * AS_STRIDE + ty * 4) as usize) as *const [f32; 4]) };
+                let bv: [f32; 4] =
+                    unsafe { *(b_s.add((kk * BS_STRIDE + tx * 4) as usize) as *const [f32; 4]) };
+                for i in 0..4 {
+                    for j in 0..4 {
+                        acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+                    }
                 }
             }
         }
@@ -131,19 +155,99 @@ pub unsafe fn gemm_tile<A: OperandA, B: OperandB, E: Epilogue>(
         k0 = next;
     }
 
-    for i in 0..4u32 {
-        let m = m0 + ty * 4 + i;
-        if m >= m_total {
-            continue;
+    // Written out so that `acc` stays in registers (a loop the compiler
+    // declines to unroll would index it at run time, from local memory).
+    let store = |i: u32, j: u32, v: f32| {
+        let (mi, ni) = if TF32 {
+            tc_coord(tid, i, j)
+        } else {
+            (ty * 4 + i, tx * 4 + j)
+        };
+        let (m, n) = (m0 + mi, n0 + ni);
+        if m < m_total && n < n_total {
+            unsafe { e.store(m, n, v) };
         }
-        for j in 0..4u32 {
-            let n = n0 + tx * 4 + j;
-            if n < n_total {
-                unsafe { e.store(m, n, acc[i as usize][j as usize]) };
-            }
-        }
+    };
+    store(0, 0, acc[0][0]);
+    store(0, 1, acc[0][1]);
+    store(0, 2, acc[0][2]);
+    store(0, 3, acc[0][3]);
+    store(1, 0, acc[1][0]);
+    store(1, 1, acc[1][1]);
+    store(1, 2, acc[1][2]);
+    store(1, 3, acc[1][3]);
+    store(2, 0, acc[2][0]);
+    store(2, 1, acc[2][1]);
+    store(2, 2, acc[2][2]);
+    store(2, 3, acc[2][3]);
+    store(3, 0, acc[3][0]);
+    store(3, 1, acc[3][1]);
+    store(3, 2, acc[3][2]);
+    store(3, 3, acc[3][3]);
+}
+
+/// Tile coordinates of accumulator `acc[j][i]` in the tensor-core layout
+/// (`j` = which 16×8 product, `i` = which of its four values).
+#[inline(always)]
+fn tc_coord(tid: u32, i: u32, j: u32) -> (u32, u32) {
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let row = 16 * (warp / 2) + g + 8 * (j / 2);
+    let col = 32 * (warp % 2) + 8 * i + 2 * t + j % 2;
+    (row, col)
+}
+
+/// The tensor-core inner loop over one shared-memory K tile: two k8 steps,
+/// four m16n8k8 products per warp each. `acc[n8 tile][value]`.
+#[inline(always)]
+unsafe fn mma_steps(a_s: *const f32, b_s: *const f32, acc: &mut [[f32; 4]; 4]) {
+    let tid = tid_x();
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let row0 = 16 * (warp / 2);
+    let col0 = 32 * (warp % 2);
+    let ld = |p: *const f32, k: u32, x: u32, stride: u32| unsafe {
+        (*p.add((k * stride + x) as usize)).to_bits()
+    };
+    for step in 0..BK / 8 {
+        let k0 = 8 * step;
+        let a = [
+            ld(a_s, k0 + t, row0 + g, AS_STRIDE),
+            ld(a_s, k0 + t, row0 + g + 8, AS_STRIDE),
+            ld(a_s, k0 + t + 4, row0 + g, AS_STRIDE),
+            ld(a_s, k0 + t + 4, row0 + g + 8, AS_STRIDE),
+        ];
+        let b = |j: u32| {
+            let col = col0 + 8 * j + g;
+            [
+                ld(b_s, k0 + t, col, BS_STRIDE),
+                ld(b_s, k0 + t + 4, col, BS_STRIDE),
+            ]
+        };
+        acc[0] = mma_tf32(a, b(0), acc[0]);
+        acc[1] = mma_tf32(a, b(1), acc[1]);
+        acc[2] = mma_tf32(a, b(2), acc[2]);
+        acc[3] = mma_tf32(a, b(3), acc[3]);
     }
 }
+
+/// Declares the fp32 and TF32 entry points of a GEMM-engine kernel
+/// (`$impl::<false>` and `$impl::<true>`), with the same parameters.
+macro_rules! gemm_kernels {
+    ($imp:ident => $fp32:ident, $tf32:ident ($($arg:ident: $ty:ty),* $(,)?)) => {
+        /// fp32 (CUDA-core FMA) variant; see the `_impl` function's doc.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $fp32($($arg: $ty),*) {
+            unsafe { $imp::<false>($($arg),*) }
+        }
+        /// TF32 tensor-core variant; see the `_impl` function's doc.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $tf32($($arg: $ty),*) {
+            unsafe { $imp::<true>($($arg),*) }
+        }
+    };
+}
+pub(crate) use gemm_kernels;
 
 /// A dense matrix in memory: element (r, c) at `p[r·rs + c·cs]`.
 #[derive(Clone, Copy)]
@@ -198,8 +302,7 @@ impl Epilogue for StoreStrided {
 /// As a GEMM: M = batch, N = outputs, K = inputs; A = x (row-major, k fast),
 /// B(k, n) = w[n, k] (k fast). Grid (⌈outputs/64⌉, ⌈batch/64⌉, 1), 256 threads,
 /// `SHARED_BYTES` of dynamic shared memory.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn fc_forward(
+unsafe fn fc_forward_impl<const TF32: bool>(
     x: *const f32,
     w: *const f32,
     bias: *const f32,
@@ -209,18 +312,33 @@ pub unsafe extern "ptx-kernel" fn fc_forward(
     outputs: u32,
 ) {
     let (ni, no) = (inputs as usize, outputs as usize);
-    let a = Strided::<true> { p: x, rs: ni, cs: 1 };
-    let b = Strided::<true> { p: w, rs: 1, cs: ni };
-    let e = StoreStrided { c: y, rs: no, cs: 1, bias, bias_by_row: false };
-    unsafe { gemm_tile(&a, &b, &e, batch, outputs, 0, inputs) };
+    let a = Strided::<true> {
+        p: x,
+        rs: ni,
+        cs: 1,
+    };
+    let b = Strided::<true> {
+        p: w,
+        rs: 1,
+        cs: ni,
+    };
+    let e = StoreStrided {
+        c: y,
+        rs: no,
+        cs: 1,
+        bias,
+        bias_by_row: false,
+    };
+    unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, batch, outputs, 0, inputs) };
 }
+
+gemm_kernels!(fc_forward_impl => fc_forward, fc_forward_tf32 (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32));
 
 /// Fully connected data gradient, `dx[b, i] = Σ_o dy[b, o]·w[o, i]`.
 ///
 /// M = batch, N = inputs, K = outputs; A = dy (k fast), B(k, n) = w[k, n]
 /// (n fast). Grid (⌈inputs/64⌉, ⌈batch/64⌉, 1).
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn fc_backward_data(
+unsafe fn fc_backward_data_impl<const TF32: bool>(
     dy: *const f32,
     w: *const f32,
     dx: *mut f32,
@@ -229,18 +347,33 @@ pub unsafe extern "ptx-kernel" fn fc_backward_data(
     outputs: u32,
 ) {
     let (ni, no) = (inputs as usize, outputs as usize);
-    let a = Strided::<true> { p: dy, rs: no, cs: 1 };
-    let b = Strided::<false> { p: w, rs: ni, cs: 1 };
-    let e = StoreStrided { c: dx, rs: ni, cs: 1, bias: core::ptr::null(), bias_by_row: false };
-    unsafe { gemm_tile(&a, &b, &e, batch, inputs, 0, outputs) };
+    let a = Strided::<true> {
+        p: dy,
+        rs: no,
+        cs: 1,
+    };
+    let b = Strided::<false> {
+        p: w,
+        rs: ni,
+        cs: 1,
+    };
+    let e = StoreStrided {
+        c: dx,
+        rs: ni,
+        cs: 1,
+        bias: core::ptr::null(),
+        bias_by_row: false,
+    };
+    unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, batch, inputs, 0, outputs) };
 }
+
+gemm_kernels!(fc_backward_data_impl => fc_backward_data, fc_backward_data_tf32 (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32));
 
 /// Fully connected weight gradient, `dw[o, i] = Σ_b dy[b, o]·x[b, i]`.
 ///
 /// M = outputs, N = inputs, K = batch; A(m, k) = dy[k, m] (m fast),
 /// B(k, n) = x[k, n] (n fast). Grid (⌈inputs/64⌉, ⌈outputs/64⌉, 1).
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn fc_backward_filter(
+unsafe fn fc_backward_filter_impl<const TF32: bool>(
     x: *const f32,
     dy: *const f32,
     dw: *mut f32,
@@ -249,11 +382,27 @@ pub unsafe extern "ptx-kernel" fn fc_backward_filter(
     outputs: u32,
 ) {
     let (ni, no) = (inputs as usize, outputs as usize);
-    let a = Strided::<false> { p: dy, rs: 1, cs: no };
-    let b = Strided::<false> { p: x, rs: ni, cs: 1 };
-    let e = StoreStrided { c: dw, rs: ni, cs: 1, bias: core::ptr::null(), bias_by_row: false };
-    unsafe { gemm_tile(&a, &b, &e, outputs, inputs, 0, batch) };
+    let a = Strided::<false> {
+        p: dy,
+        rs: 1,
+        cs: no,
+    };
+    let b = Strided::<false> {
+        p: x,
+        rs: ni,
+        cs: 1,
+    };
+    let e = StoreStrided {
+        c: dw,
+        rs: ni,
+        cs: 1,
+        bias: core::ptr::null(),
+        bias_by_row: false,
+    };
+    unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, outputs, inputs, 0, batch) };
 }
+
+gemm_kernels!(fc_backward_filter_impl => fc_backward_filter, fc_backward_filter_tf32 (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32));
 
 /// Fully connected bias gradient, `db[o] = Σ_b dy[b, o]`: one thread per
 /// output (coalesced across o), summing over the batch in order.

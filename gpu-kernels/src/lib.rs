@@ -7,8 +7,17 @@
 //! the same name. All tensors are fp32, NCHW, contiguous.
 #![no_std]
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, link_llvm_intrinsics)]
-#![feature(gpu_launch_sized_workgroup_mem, gpu_intrinsics, core_intrinsics, core_float_math)]
-#![allow(internal_features, clippy::missing_safety_doc, clippy::too_many_arguments)]
+#![feature(
+    gpu_launch_sized_workgroup_mem,
+    gpu_intrinsics,
+    core_intrinsics,
+    core_float_math
+)]
+#![allow(
+    internal_features,
+    clippy::missing_safety_doc,
+    clippy::too_many_arguments
+)]
 
 pub mod device;
 

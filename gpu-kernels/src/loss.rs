@@ -62,7 +62,11 @@ pub unsafe extern "ptx-kernel" fn softmax_xent_backward(
     let inv_n = 1.0 / n as f32;
     while i < total {
         let (row, j) = (i / classes as usize, i % classes as usize);
-        let hot = if unsafe { *labels.add(row) } as usize == j { 1.0 } else { 0.0 };
+        let hot = if unsafe { *labels.add(row) } as usize == j {
+            1.0
+        } else {
+            0.0
+        };
         unsafe { *dlogits.add(i) = (*probs.add(i) - hot) * inv_n };
         i += step;
     }

@@ -86,9 +86,17 @@ pub unsafe extern "ptx-kernel" fn maxpool_backward(
         let xp = unsafe { x.add(plane * (h * w) as usize) };
         let dyp = unsafe { dy.add(plane * (oh * ow) as usize) };
         // Windows r with r·stride ≤ ih < r·stride + size.
-        let r_lo = if ih + 1 > size { (ih + 1 - size).div_ceil(stride) } else { 0 };
+        let r_lo = if ih + 1 > size {
+            (ih + 1 - size).div_ceil(stride)
+        } else {
+            0
+        };
         let r_hi = (ih / stride).min(oh - 1);
-        let c_lo = if iw + 1 > size { (iw + 1 - size).div_ceil(stride) } else { 0 };
+        let c_lo = if iw + 1 > size {
+            (iw + 1 - size).div_ceil(stride)
+        } else {
+            0
+        };
         let c_hi = (iw / stride).min(ow - 1);
         let mut acc = 0.0f32;
         let mut r = r_lo;

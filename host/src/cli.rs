@@ -59,18 +59,23 @@ pub fn train(config: &std::path::Path, mut opts: crate::train::TrainOptions) -> 
 }
 
 /// `host bench CONFIG`: training-step images/s at each batch size.
+#[allow(clippy::too_many_arguments)]
 pub fn bench(
     config: &std::path::Path,
     batches: &[usize],
     steps: usize,
     profile: bool,
+    precision: Option<crate::config::Precision>,
     device: crate::train::DeviceChoice,
     gpu: usize,
     json: Option<&std::path::Path>,
 ) -> Result<()> {
     use crate::backend::cpu::CpuBackend;
     use crate::train::DeviceChoice;
-    let cfg = crate::config::load(config)?;
+    let mut cfg = crate::config::load(config)?;
+    if let Some(p) = precision {
+        cfg.train.precision = p;
+    }
     if batches.contains(&0) || steps == 0 {
         anyhow::bail!("--batch-size and --steps must be ≥ 1");
     }
@@ -88,7 +93,9 @@ pub fn bench(
     let mut results = Vec::new();
     for &b in batches {
         let r = if use_gpu {
-            crate::bench::bench(&cuda::CudaBackend::new(gpu)?, &cfg, b, steps, profile)?
+            let mut be = cuda::CudaBackend::new(gpu)?;
+            be.set_precision(cfg.train.precision)?;
+            crate::bench::bench(&be, &cfg, b, steps, profile)?
         } else {
             crate::bench::bench(&CpuBackend, &cfg, b, steps, profile)?
         };

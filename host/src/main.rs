@@ -48,6 +48,9 @@ enum Command {
         /// Start from the weights of a safetensors file (PyTorch names and layouts).
         #[arg(long, conflicts_with = "resume")]
         init: Option<PathBuf>,
+        /// Arithmetic of the conv/fc products on the GPU (overrides train.precision).
+        #[arg(long, value_enum)]
+        precision: Option<host::config::Precision>,
         /// Stop after this many steps (with a checkpoint).
         #[arg(long)]
         max_steps: Option<u64>,
@@ -71,6 +74,9 @@ enum Command {
         /// Also time each layer's forward and backward pass.
         #[arg(long)]
         profile: bool,
+        /// Arithmetic of the conv/fc products (default: the config's train.precision).
+        #[arg(long, value_enum)]
+        precision: Option<host::config::Precision>,
         #[arg(long, value_enum, default_value = "auto")]
         device: DeviceChoice,
         #[arg(long, default_value_t = 0)]
@@ -97,6 +103,7 @@ fn main() {
             epochs,
             resume,
             init,
+            precision,
             max_steps,
             log_every,
             quiet,
@@ -112,6 +119,7 @@ fn main() {
                 data,
                 resume,
                 init,
+                precision,
                 max_steps,
                 log_every: log_every.max(1),
                 progress: !quiet,
@@ -123,6 +131,7 @@ fn main() {
             batch_size,
             steps,
             profile,
+            precision,
             device,
             gpu,
             json,
@@ -131,6 +140,7 @@ fn main() {
             &batch_size,
             steps,
             profile,
+            precision,
             device,
             gpu,
             json.as_deref(),

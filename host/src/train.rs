@@ -53,6 +53,8 @@ pub struct TrainOptions {
     pub data: Option<PathBuf>,
     pub resume: Option<PathBuf>,
     pub init: Option<PathBuf>,
+    /// Overrides `train.precision`.
+    pub precision: Option<crate::config::Precision>,
     /// Stop (with a checkpoint) after this many steps in total.
     pub max_steps: Option<u64>,
     /// Read back and log the training loss every this many steps.
@@ -74,6 +76,7 @@ impl Default for TrainOptions {
             data: None,
             resume: None,
             init: None,
+            precision: None,
             max_steps: None,
             log_every: 20,
             progress: true,
@@ -117,6 +120,9 @@ pub fn apply_overrides(cfg: &mut Config, opts: &TrainOptions) -> Result<()> {
             bail!("--epochs: must be ≥ 1, got 0");
         }
         cfg.train.epochs = e;
+    }
+    if let Some(p) = opts.precision {
+        cfg.train.precision = p;
     }
     if let Some(dir) = &opts.data {
         if !dir.is_dir() {
@@ -221,9 +227,16 @@ pub fn train(cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
         },
     };
     if use_gpu {
-        let be = CudaBackend::new(opts.gpu)?;
+        let mut be = CudaBackend::new(opts.gpu)?;
+        be.set_precision(cfg.train.precision)?;
         run(&be, cfg, opts)
     } else {
+        if cfg.train.precision != crate::config::Precision::Fp32 {
+            eprintln!(
+                "note: the CPU backend computes in fp32 (precision {:?} applies to the GPU)",
+                cfg.train.precision
+            );
+        }
         run(&CpuBackend, cfg, opts)
     }
 }

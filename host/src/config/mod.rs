@@ -106,7 +106,7 @@ pub enum LrSchedule {
 }
 
 /// Arithmetic precision of the training step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// Plain fp32 everywhere.

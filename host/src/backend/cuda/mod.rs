@@ -33,11 +33,17 @@ const KERNELS: &[&str] = &[
     "conv_forward",
     "conv_backward_data",
     "conv_backward_filter",
+    "conv_forward_tf32",
+    "conv_backward_data_tf32",
+    "conv_backward_filter_tf32",
     "conv_backward_bias",
     "splitk_reduce",
     "fc_forward",
     "fc_backward_data",
     "fc_backward_filter",
+    "fc_forward_tf32",
+    "fc_backward_data_tf32",
+    "fc_backward_filter_tf32",
     "fc_backward_bias",
     "relu_forward",
     "relu_backward",
@@ -130,6 +136,8 @@ pub struct CudaBackend {
     /// Scratch for split-K partial sums, grown on demand (stream-ordered reuse).
     workspace: Mutex<Option<CudaSlice<f32>>>,
     label: String,
+    /// TF32 tensor cores for the conv and fc products.
+    tf32: bool,
 }
 
 impl CudaBackend {
@@ -175,6 +183,7 @@ impl CudaBackend {
             sync_each_launch: std::env::var("ALEXNET_SYNC_LAUNCHES").is_ok_and(|v| v == "1"),
             workspace: Mutex::new(None),
             label,
+            tf32: false,
         })
     }
 
@@ -186,6 +195,23 @@ impl CudaBackend {
     }
     pub fn sm_count(&self) -> u32 {
         self.sm_count
+    }
+
+    /// Chooses the arithmetic of the conv and fc products: fp32 on the CUDA
+    /// cores (default) or TF32 on the tensor cores. bf16 is not implemented.
+    pub fn set_precision(&mut self, p: crate::config::Precision) -> Result<()> {
+        use crate::config::Precision;
+        self.tf32 = match p {
+            Precision::Fp32 => false,
+            Precision::Tf32 => true,
+            Precision::Bf16 => bail!("precision bf16 is not implemented yet (use fp32 or tf32)"),
+        };
+        Ok(())
+    }
+
+    /// `name` or, in TF32 mode, `name_tf32` (for the GEMM-engine kernels).
+    fn gemm_kernel(&self, fp32: &'static str, tf32: &'static str) -> &'static str {
+        if self.tf32 { tf32 } else { fp32 }
     }
 
     fn func(&self, name: &'static str) -> &CudaFunction {
@@ -243,7 +269,7 @@ impl CudaBackend {
 /// Launches `$name` on the backend's stream with the given arguments; `$what`
 /// (a closure giving the shapes as text) goes into any error message.
 macro_rules! launch {
-    ($be:expr, $name:literal, $cfg:expr, $what:expr; $($arg:expr),* $(,)?) => {{
+    ($be:expr, $name:expr, $cfg:expr, $what:expr; $($arg:expr),* $(,)?) => {{
         let be: &$crate::backend::cuda::CudaBackend = $be;
         let what = $what;
         use cudarc::driver::PushKernelArg;
