@@ -9,6 +9,7 @@
 use anyhow::Result;
 use host::backend::cuda::{CudaBackend, unavailable_reason};
 use host::backend::*;
+use host::config::Precision;
 
 struct Row {
     kernel: &'static str,
@@ -21,9 +22,7 @@ struct Row {
 
 struct Bench {
     be: CudaBackend,
-    /// The same GPU with TF32 conv/fc products.
-    tf32: CudaBackend,
-    /// Whether `run` uses `tf32`.
+    /// Whether the conv/fc products run in TF32 (case names get " tf32").
     use_tf32: bool,
     rows: Vec<Row>,
     filters: Vec<String>,
@@ -50,7 +49,7 @@ impl Bench {
         if !self.wanted(kernel, case) {
             return Ok(());
         }
-        let be = if self.use_tf32 { &self.tf32 } else { &self.be };
+        let be = &self.be;
         let mut t = be.time_events(5, 40, || f(be))?;
         t.sort_by(f32::total_cmp);
         let median = t[t.len() / 2] as f64;
@@ -112,11 +111,8 @@ fn main() -> Result<()> {
         "kernel benchmarks on {}, batch {n}, median of 40 after 5 warm-up\n",
         be.name()
     );
-    let mut tf32 = CudaBackend::new(0)?;
-    tf32.set_precision(host::config::Precision::Tf32)?;
     let mut b = Bench {
         be,
-        tf32,
         use_tf32: false,
         rows: vec![],
         filters,
@@ -143,6 +139,12 @@ fn main() -> Result<()> {
     ];
     for use_tf32 in [false, true] {
         b.use_tf32 = use_tf32;
+        let p = if use_tf32 {
+            Precision::Tf32
+        } else {
+            Precision::Fp32
+        };
+        b.be.set_precision(p)?;
         for (i, (name, g)) in convs.iter().enumerate() {
             let seed = i as u64 * 10;
             let x = rand_buf(&b.be, g.x_len(), seed)?;
@@ -209,6 +211,7 @@ fn main() -> Result<()> {
         }
     }
     b.use_tf32 = false;
+    b.be.set_precision(Precision::Fp32)?;
 
     let relu_len = n * 96 * 55 * 55;
     let mut act = rand_buf(&b.be, relu_len, 200)?;

@@ -19,14 +19,13 @@ use anyhow::Result;
 use host::backend::cpu::CpuBackend;
 use host::backend::cuda::{CudaBackend, unavailable_reason};
 use host::backend::*;
+use host::config::Precision;
 use host::model::Model;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 struct Ctx {
     gpu: CudaBackend,
-    /// The same GPU with the conv/fc products on TF32 tensor cores.
-    tf32: CudaBackend,
     cpu: CpuBackend,
     rng: StdRng,
     checks: usize,
@@ -151,14 +150,8 @@ fn main() {
         "gpu_ops on {} (seed {seed}; ALEXNET_TEST_SEED={seed} repeats it)",
         gpu.name()
     );
-    let mut tf32 = CudaBackend::new(0).unwrap_or_else(|e| {
-        eprintln!("gpu_ops: cannot open GPU 0: {e:#}");
-        std::process::exit(1);
-    });
-    tf32.set_precision(host::config::Precision::Tf32).unwrap();
     let mut ctx = Ctx {
         gpu,
-        tf32,
         cpu: CpuBackend,
         rng: StdRng::seed_from_u64(seed),
         checks: 0,
@@ -249,7 +242,14 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
 
 fn conv_forward(c: &mut Ctx) -> Result<()> {
     for tf32 in [false, true] {
-        conv_forward_in(c, tf32)?;
+        c.gpu.set_precision(if tf32 {
+            Precision::Tf32
+        } else {
+            Precision::Fp32
+        })?;
+        let result = conv_forward_in(c, tf32);
+        c.gpu.set_precision(Precision::Fp32)?;
+        result?;
     }
     Ok(())
 }
@@ -266,7 +266,7 @@ fn conv_forward_in(c: &mut Ctx, tf32: bool) -> Result<()> {
         c.cpu.conv_forward(&g, &x, &w, &b, &mut want)?;
         let (gx, gw, gb) = (c.gpu.upload(&x)?, c.gpu.upload(&w)?, c.gpu.upload(&b)?);
         let mut gy = c.gpu.poisoned(g.y_len())?;
-        if tf32 { &c.tf32 } else { &c.gpu }.conv_forward(&g, &gx, &gw, &gb, &mut gy)?;
+        c.gpu.conv_forward(&g, &gx, &gw, &gb, &mut gy)?;
         let got = c.gpu.download(&gy)?;
         c.check("conv_forward", &format!("{case}{label}"), &got, &want, tol);
     }
@@ -275,7 +275,14 @@ fn conv_forward_in(c: &mut Ctx, tf32: bool) -> Result<()> {
 
 fn conv_backward_data(c: &mut Ctx) -> Result<()> {
     for tf32 in [false, true] {
-        conv_backward_data_in(c, tf32)?;
+        c.gpu.set_precision(if tf32 {
+            Precision::Tf32
+        } else {
+            Precision::Fp32
+        })?;
+        let result = conv_backward_data_in(c, tf32);
+        c.gpu.set_precision(Precision::Fp32)?;
+        result?;
     }
     Ok(())
 }
@@ -288,7 +295,7 @@ fn conv_backward_data_in(c: &mut Ctx, tf32: bool) -> Result<()> {
         c.cpu.conv_backward_data(&g, &dy, &w, &mut want)?;
         let (gdy, gw) = (c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
         let mut gdx = c.gpu.poisoned(g.x_len())?;
-        if tf32 { &c.tf32 } else { &c.gpu }.conv_backward_data(&g, &gdy, &gw, &mut gdx)?;
+        c.gpu.conv_backward_data(&g, &gdy, &gw, &mut gdx)?;
         let got = c.gpu.download(&gdx)?;
         c.check(
             "conv_backward_data",
@@ -303,7 +310,14 @@ fn conv_backward_data_in(c: &mut Ctx, tf32: bool) -> Result<()> {
 
 fn conv_backward_filter(c: &mut Ctx) -> Result<()> {
     for tf32 in [false, true] {
-        conv_backward_filter_in(c, tf32)?;
+        c.gpu.set_precision(if tf32 {
+            Precision::Tf32
+        } else {
+            Precision::Fp32
+        })?;
+        let result = conv_backward_filter_in(c, tf32);
+        c.gpu.set_precision(Precision::Fp32)?;
+        result?;
     }
     Ok(())
 }
@@ -316,7 +330,7 @@ fn conv_backward_filter_in(c: &mut Ctx, tf32: bool) -> Result<()> {
         c.cpu.conv_backward_filter(&g, &x, &dy, &mut want)?;
         let (gx, gdy) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?);
         let mut gdw = c.gpu.poisoned(g.w_len())?;
-        if tf32 { &c.tf32 } else { &c.gpu }.conv_backward_filter(&g, &gx, &gdy, &mut gdw)?;
+        c.gpu.conv_backward_filter(&g, &gx, &gdy, &mut gdw)?;
         let got = c.gpu.download(&gdw)?;
         c.check(
             "conv_backward_filter",
@@ -337,11 +351,11 @@ fn conv_backward_filter_in(c: &mut Ctx, tf32: bool) -> Result<()> {
     c.cpu.conv_backward_filter(&g, &x, &dy, &mut want)?;
     let (gx, gdy) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?);
     let mut gdw = c.gpu.poisoned(g.w_len())?;
-    if tf32 { &c.tf32 } else { &c.gpu }.conv_backward_filter(&g, &gx, &gdy, &mut gdw)?;
+    c.gpu.conv_backward_filter(&g, &gx, &gdy, &mut gdw)?;
     let got = c.gpu.download(&gdw)?;
     c.check(
         "conv_backward_filter",
-        "alexnet conv3 n16 or n5 (split-K)",
+        &format!("alexnet conv3 n16 or n5 (split-K){label}"),
         &got,
         &want,
         1e-5,
@@ -377,7 +391,14 @@ fn fc_cases() -> Vec<(&'static str, FcGeom)> {
 
 fn fc_forward(c: &mut Ctx) -> Result<()> {
     for tf32 in [false, true] {
-        fc_forward_in(c, tf32)?;
+        c.gpu.set_precision(if tf32 {
+            Precision::Tf32
+        } else {
+            Precision::Fp32
+        })?;
+        let result = fc_forward_in(c, tf32);
+        c.gpu.set_precision(Precision::Fp32)?;
+        result?;
     }
     Ok(())
 }
@@ -394,7 +415,7 @@ fn fc_forward_in(c: &mut Ctx, tf32: bool) -> Result<()> {
         c.cpu.fc_forward(&g, &x, &w, &b, &mut want)?;
         let (gx, gw, gb) = (c.gpu.upload(&x)?, c.gpu.upload(&w)?, c.gpu.upload(&b)?);
         let mut gy = c.gpu.poisoned(want.len())?;
-        if tf32 { &c.tf32 } else { &c.gpu }.fc_forward(&g, &gx, &gw, &gb, &mut gy)?;
+        c.gpu.fc_forward(&g, &gx, &gw, &gb, &mut gy)?;
         let got = c.gpu.download(&gy)?;
         c.check("fc_forward", &format!("{case}{label}"), &got, &want, tol);
     }
@@ -403,7 +424,14 @@ fn fc_forward_in(c: &mut Ctx, tf32: bool) -> Result<()> {
 
 fn fc_backward_data(c: &mut Ctx) -> Result<()> {
     for tf32 in [false, true] {
-        fc_backward_data_in(c, tf32)?;
+        c.gpu.set_precision(if tf32 {
+            Precision::Tf32
+        } else {
+            Precision::Fp32
+        })?;
+        let result = fc_backward_data_in(c, tf32);
+        c.gpu.set_precision(Precision::Fp32)?;
+        result?;
     }
     Ok(())
 }
@@ -419,7 +447,7 @@ fn fc_backward_data_in(c: &mut Ctx, tf32: bool) -> Result<()> {
         c.cpu.fc_backward_data(&g, &dy, &w, &mut want)?;
         let (gdy, gw) = (c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
         let mut gdx = c.gpu.poisoned(want.len())?;
-        if tf32 { &c.tf32 } else { &c.gpu }.fc_backward_data(&g, &gdy, &gw, &mut gdx)?;
+        c.gpu.fc_backward_data(&g, &gdy, &gw, &mut gdx)?;
         let got = c.gpu.download(&gdx)?;
         c.check(
             "fc_backward_data",
@@ -434,7 +462,14 @@ fn fc_backward_data_in(c: &mut Ctx, tf32: bool) -> Result<()> {
 
 fn fc_backward_filter(c: &mut Ctx) -> Result<()> {
     for tf32 in [false, true] {
-        fc_backward_filter_in(c, tf32)?;
+        c.gpu.set_precision(if tf32 {
+            Precision::Tf32
+        } else {
+            Precision::Fp32
+        })?;
+        let result = fc_backward_filter_in(c, tf32);
+        c.gpu.set_precision(Precision::Fp32)?;
+        result?;
     }
     Ok(())
 }
@@ -447,7 +482,7 @@ fn fc_backward_filter_in(c: &mut Ctx, tf32: bool) -> Result<()> {
         c.cpu.fc_backward_filter(&g, &x, &dy, &mut want)?;
         let (gx, gdy) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?);
         let mut gdw = c.gpu.poisoned(want.len())?;
-        if tf32 { &c.tf32 } else { &c.gpu }.fc_backward_filter(&g, &gx, &gdy, &mut gdw)?;
+        c.gpu.fc_backward_filter(&g, &gx, &gdy, &mut gdw)?;
         let got = c.gpu.download(&gdw)?;
         c.check(
             "fc_backward_filter",
