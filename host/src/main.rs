@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use host::train::DeviceChoice;
 
 #[derive(Parser)]
@@ -85,8 +85,110 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Run the paper's 10-view test of a checkpoint on validation data.
+    ///
+    /// Each validation image gives its four corner and centre crops and their
+    /// mirror images; the network's softmax outputs are averaged over the ten
+    /// views, then ranked for top-1/top-5 accuracy and error. The single
+    /// centre crop's numbers (what training reports) are printed for
+    /// comparison. Unreadable images are left out and counted.
+    Test(TestArgs),
+    /// Print a checkpoint's top classes for image files.
+    ///
+    /// Each JPEG or PNG file is read as validation images are (shorter side
+    /// resized to the dataset's image side, centre square, centre crop,
+    /// normalisation); its top classes are printed with their names (from
+    /// the config's dataset, else `class <i>`) and probabilities.
+    Predict(PredictArgs),
+    /// Pack an image folder into a fast-loading dataset.
+    ///
+    /// Decodes SRC/train/<class>/* and SRC/val/<class>/* (JPEG or PNG) once,
+    /// resized to --side, into DST, which `train --data DST` and
+    /// `test --data DST` then read without decoding. Files that cannot be
+    /// decoded are skipped and listed in DST/index.json.
+    Prepare(PrepareArgs),
+    /// Draw a conv layer's filters as a PNG grid.
+    ///
+    /// Like Figure 3 of the AlexNet paper: each filter is stretched to the
+    /// full colour range by its own min and max, and the grid is upscaled
+    /// --scale times. The layer's input must have 1 or 3 channels (conv1).
+    ShowFilters(ShowFiltersArgs),
     /// List the visible GPUs (name, compute capability, memory, SMs, driver).
     Devices,
+}
+
+#[derive(Args)]
+struct TestArgs {
+    /// Checkpoint written by `train` (.safetensors).
+    checkpoint: PathBuf,
+    /// Validation data: an ImageNet-layout folder or a folder made by
+    /// `host prepare` (default: the config's data source).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Config to build the network from (default: the one stored in the
+    /// checkpoint).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Backend: auto (GPU if usable, else CPU), cpu or cuda.
+    #[arg(long, value_enum, default_value = "auto")]
+    device: DeviceChoice,
+    /// GPU ordinal for --device cuda/auto.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
+    /// Images per forward pass (the network runs ten times as many views).
+    #[arg(long, default_value_t = 16)]
+    batch_size: usize,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct PredictArgs {
+    /// Checkpoint written by `train` (.safetensors).
+    checkpoint: PathBuf,
+    /// Image files (JPEG or PNG).
+    #[arg(required = true)]
+    images: Vec<PathBuf>,
+    /// Config to build the network from (default: the one stored in the
+    /// checkpoint); its data source supplies the class names.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Classes shown per image.
+    #[arg(long, default_value_t = 5)]
+    top: usize,
+    /// Backend: auto (GPU if usable, else CPU), cpu or cuda.
+    #[arg(long, value_enum, default_value = "auto")]
+    device: DeviceChoice,
+    /// GPU ordinal for --device cuda/auto.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
+}
+
+#[derive(Args)]
+struct PrepareArgs {
+    /// Image folder in ImageNet's layout.
+    src: PathBuf,
+    /// Output folder (created if needed).
+    dst: PathBuf,
+    /// Side of the stored square images (shorter side resized, centre kept).
+    #[arg(long, default_value_t = host::data::IMAGE_SIDE)]
+    side: usize,
+}
+
+#[derive(Args)]
+struct ShowFiltersArgs {
+    /// Checkpoint (or any safetensors file with PyTorch-layout weights).
+    checkpoint: PathBuf,
+    /// PNG file to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// Layer whose `<layer>.weight` [out, in, kh, kw] is drawn (in = 1 or 3).
+    #[arg(long, default_value = "conv1")]
+    layer: String,
+    /// Pixels per filter weight.
+    #[arg(long, default_value_t = 4)]
+    scale: u32,
 }
 
 fn main() {
@@ -145,6 +247,31 @@ fn main() {
             gpu,
             json.as_deref(),
         ),
+        Command::Test(a) => host::cli::test(
+            &a.checkpoint,
+            &host::cli::TestOptions {
+                config: a.config,
+                data: a.data,
+                device: a.device,
+                gpu: a.gpu,
+                batch_size: a.batch_size,
+                progress: !a.quiet,
+            },
+        ),
+        Command::Predict(a) => host::cli::predict(
+            &a.checkpoint,
+            &a.images,
+            &host::cli::PredictOptions {
+                config: a.config,
+                top: a.top,
+                device: a.device,
+                gpu: a.gpu,
+            },
+        ),
+        Command::Prepare(a) => host::cli::prepare(&a.src, &a.dst, a.side).map(drop),
+        Command::ShowFilters(a) => {
+            host::cli::show_filters(&a.checkpoint, &a.out, &a.layer, a.scale).map(drop)
+        }
         Command::Devices => host::cli::devices(),
     };
     if let Err(e) = result {
