@@ -358,7 +358,7 @@ fn conv_backward_filter_in(c: &mut Ctx, tf32: bool) -> Result<()> {
         &format!("alexnet conv3 n16 or n5 (split-K){label}"),
         &got,
         &want,
-        1e-5,
+        tol,
     );
     Ok(())
 }

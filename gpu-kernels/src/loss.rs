@@ -44,7 +44,20 @@ pub unsafe extern "ptx-kernel" fn softmax_xent_forward(
     }
     if tid_x() == 0 {
         let label = unsafe { *labels.add(row) } as usize;
-        unsafe { *loss.add(row) = ln(s) + m - *z.add(label) };
+        unsafe { *loss.add(row) = ln_sum(s) + m - *z.add(label) };
+    }
+}
+
+/// `ln(s)` for a softmax denominator `s ≥ 1`. Near 1 (a confident, correct
+/// prediction) `lg2.approx`'s absolute error (~2^-22) would swamp a loss of
+/// 1e-6, so `ln(1 + d)` comes from its series there (error < d⁴/4).
+#[inline(always)]
+fn ln_sum(s: f32) -> f32 {
+    let d = s - 1.0;
+    if d < 1e-2 {
+        d * (1.0 - d * (0.5 - d * (1.0 / 3.0)))
+    } else {
+        ln(s)
     }
 }
 
