@@ -318,7 +318,8 @@ unsafe fn conv_backward_filter_impl<const TF32: bool>(
 gemm_kernels!(conv_backward_filter_impl => conv_backward_filter, conv_backward_filter_tf32 (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32));
 
 /// Convolution bias gradient, `db[c] = Σ_{n,h,w} dy[n, c, h, w]`: one block
-/// per channel (grid x = C_out), any multiple of 32 threads; fixed-order
+/// per channel (grid x = C_out) walking its planes image by image (coalesced,
+/// no index division), any multiple of 32 threads up to 1024; fixed-order
 /// block reduction (deterministic). 32 floats of dynamic shared memory.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn conv_backward_bias(
@@ -328,17 +329,19 @@ pub unsafe extern "ptx-kernel" fn conv_backward_bias(
     c_out: u32,
     hw: u32,
 ) {
-    let c = bid_x();
-    let per_channel = (n * hw) as usize;
+    let c = bid_x() as usize;
+    let (hw, c_out) = (hw as usize, c_out as usize);
     let mut s = 0.0f32;
-    let mut i = tid_x() as usize;
-    while i < per_channel {
-        let (img, p) = (i / hw as usize, i % hw as usize);
-        s += unsafe { *dy.add((img * c_out as usize + c as usize) * hw as usize + p) };
-        i += bdim_x() as usize;
+    for img in 0..n as usize {
+        let plane = unsafe { dy.add((img * c_out + c) * hw) };
+        let mut p = tid_x() as usize;
+        while p < hw {
+            s += unsafe { *plane.add(p) };
+            p += bdim_x() as usize;
+        }
     }
     let total = unsafe { block_sum(s, shared::<f32>()) };
     if tid_x() == 0 {
-        unsafe { *db.add(c as usize) = total };
+        unsafe { *db.add(c) = total };
     }
 }

@@ -5,27 +5,38 @@
 //! Forward: one thread per output element. Backward without atomics (so it is
 //! deterministic): one thread per *input* element, which visits the few
 //! windows that contain it and adds `dy` of each window whose first maximum
-//! (row-major scan, strict `>`) is this element. 1-D grid-stride mappings.
+//! (row-major scan, strict `>`) is this element. An element can only be that
+//! if it equals the window's output `y`, so the window is scanned (for an
+//! earlier equal element) only then. 1-D grid-stride mappings.
 
 use crate::device::grid_stride;
 
-/// Row-major index (within the plane) of the first maximum of window (oh, ow).
+/// Whether no element of window (oh, ow) before plane index `p` (row-major)
+/// equals the window's maximum `best`, i.e. `p` holds its first maximum.
 #[inline(always)]
-unsafe fn argmax(plane: *const f32, w: u32, size: u32, stride: u32, oh: u32, ow: u32) -> u32 {
+unsafe fn first_max(
+    plane: *const f32,
+    w: u32,
+    size: u32,
+    stride: u32,
+    oh: u32,
+    ow: u32,
+    p: u32,
+    best: f32,
+) -> bool {
     let (h0, w0) = (oh * stride, ow * stride);
-    let mut best = unsafe { *plane.add((h0 * w + w0) as usize) };
-    let mut at = h0 * w + w0;
     for i in 0..size {
         for j in 0..size {
             let idx = (h0 + i) * w + w0 + j;
-            let v = unsafe { *plane.add(idx as usize) };
-            if v > best {
-                best = v;
-                at = idx;
+            if idx == p {
+                return true;
+            }
+            if unsafe { *plane.add(idx as usize) } == best {
+                return false;
             }
         }
     }
-    at
+    true
 }
 
 /// Max pool forward: `y[n,c,oh,ow] = max` over its window of x.
@@ -67,6 +78,7 @@ pub unsafe extern "ptx-kernel" fn maxpool_forward(
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn maxpool_backward(
     x: *const f32,
+    y: *const f32,
     dy: *const f32,
     dx: *mut f32,
     planes: u32,
@@ -85,6 +97,8 @@ pub unsafe extern "ptx-kernel" fn maxpool_backward(
         let (ih, iw) = (p / w, p % w);
         let xp = unsafe { x.add(plane * (h * w) as usize) };
         let dyp = unsafe { dy.add(plane * (oh * ow) as usize) };
+        let yp = unsafe { y.add(plane * (oh * ow) as usize) };
+        let v = unsafe { *xp.add(p as usize) };
         // Windows r with r·stride ≤ ih < r·stride + size.
         let r_lo = if ih + 1 > size {
             (ih + 1 - size).div_ceil(stride)
@@ -103,7 +117,8 @@ pub unsafe extern "ptx-kernel" fn maxpool_backward(
         while r <= r_hi {
             let mut c = c_lo;
             while c <= c_hi {
-                if unsafe { argmax(xp, w, size, stride, r, c) } == p {
+                let best = unsafe { *yp.add((r * ow + c) as usize) };
+                if v == best && unsafe { first_max(xp, w, size, stride, r, c, p, best) } {
                     acc += unsafe { *dyp.add((r * ow + c) as usize) };
                 }
                 c += 1;

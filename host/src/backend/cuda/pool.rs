@@ -45,5 +45,5 @@ pub(super) fn maxpool_backward(
     check_len("maxpool_backward dx", dx, g.x_len())?;
     let [planes, h, w, size, stride, oh, ow] = dims(g);
     launch!(be, "maxpool_backward", grid_1d(be, g.x_len()), || format!("{g:?}");
-        x, dy, dx, &planes, &h, &w, &size, &stride, &oh, &ow)
+        x, y, dy, dx, &planes, &h, &w, &size, &stride, &oh, &ow)
 }
