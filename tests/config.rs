@@ -100,7 +100,7 @@ fn alexnet_follows_the_paper() {
         t.lr_schedule,
         LrSchedule::Plateau {
             factor: 0.1,
-            patience: 3,
+            patience: 5,
             max_drops: 3
         }
     );
@@ -168,7 +168,7 @@ fn fashion_mnist_shapes() {
     assert!(matches!(cfg.data.source, DataSource::FashionMnist { .. }));
     let a = &cfg.data.augment;
     assert_eq!((a.crop, a.pad, a.flip), (Some(28), 2, true));
-    assert_eq!(cfg.train.epochs, 30);
+    assert_eq!(cfg.train.epochs, 60);
 }
 
 #[test]

@@ -16,9 +16,10 @@
 //! each thread's other index fixed over the K loop, so operand index decoding
 //! (divisions in the conv gathers) is hoisted out of it.
 //!
-//! TF32 uses a second engine on the tensor cores (`gemm_tile_tc`: 128×128
-//! tiles, `mma.sync` m16n8k8, 8 warps of 64×32 each); `gemm_tile` picks one by
-//! its `TF32` parameter, so every GEMM-shaped kernel has both variants.
+//! With `TF32 = true` the same tiles are multiplied on the tensor cores
+//! (`mma.sync` m16n8k8 TF32, operands rounded to TF32 when they enter shared
+//! memory, fp32 accumulation): warp w of 8 owns a 16×32 slice of the tile,
+//! rows `16·(w / 2)..`, columns `32·(w % 2)..`, as four 16×8 accumulators.
 //!
 //! Grid: x over 64-column tiles of N, y over 64-row tiles of M, z over
 //! independent problems (conv groups × split-K slices).
@@ -60,7 +61,7 @@ pub trait Epilogue {
 /// Computes the 64×64 tile of C at block (bid_x, bid_y) over `k` in
 /// `k_begin..k_end`. All 256 threads of the block must call it.
 #[inline(always)]
-pub unsafe fn gemm_tile_simt<A: OperandA, B: OperandB, E: Epilogue>(
+pub unsafe fn gemm_tile<A: OperandA, B: OperandB, E: Epilogue, const TF32: bool>(
     a: &A,
     b: &B,
     e: &E,
@@ -115,6 +116,7 @@ pub unsafe fn gemm_tile_simt<A: OperandA, B: OperandB, E: Epilogue>(
         }
     };
 
+    let round = |v: f32| if TF32 { f32::from_bits(to_tf32(v)) } else { v };
     let mut acc = [[0.0f32; 4]; 4];
     let mut ra = [0.0f32; 4];
     let mut rb = [0.0f32; 4];
@@ -125,23 +127,27 @@ pub unsafe fn gemm_tile_simt<A: OperandA, B: OperandB, E: Epilogue>(
     while k0 < k_end {
         for r in 0..4 {
             let (mi, ki) = a_coord(r);
-            unsafe { *a_s.add((ki * AS_STRIDE + mi) as usize) = ra[r as usize] };
+            unsafe { *a_s.add((ki * AS_STRIDE + mi) as usize) = round(ra[r as usize]) };
             let (ki, ni) = b_coord(r);
-            unsafe { *b_s.add((ki * BS_STRIDE + ni) as usize) = rb[r as usize] };
+            unsafe { *b_s.add((ki * BS_STRIDE + ni) as usize) = round(rb[r as usize]) };
         }
         sync_threads();
         let next = k0 + BK;
         if next < k_end {
             load_regs(next, &mut ra, &mut rb);
         }
-        for kk in 0..BK {
-            let av: [f32; 4] =
-                unsafe { *(a_s.add((kk * AS_STRIDE + ty * 4) as usize) as *const [f32; 4]) };
-            let bv: [f32; 4] =
-                unsafe { *(b_s.add((kk * BS_STRIDE + tx * 4) as usize) as *const [f32; 4]) };
-            for i in 0..4 {
-                for j in 0..4 {
-                    acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+        if TF32 {
+            unsafe { mma_steps(a_s, b_s, &mut acc) };
+        } else {
+            for kk in 0..BK {
+                let av: [f32; 4] =
+                    unsafe { *(a_s.add((kk * AS_STRIDE + ty * 4) as usize) as *const [f32; 4]) };
+                let bv: [f32; 4] =
+                    unsafe { *(b_s.add((kk * BS_STRIDE + tx * 4) as usize) as *const [f32; 4]) };
+                for i in 0..4 {
+                    for j in 0..4 {
+                        acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+                    }
                 }
             }
         }
@@ -152,7 +158,12 @@ pub unsafe fn gemm_tile_simt<A: OperandA, B: OperandB, E: Epilogue>(
     // Written out so that `acc` stays in registers (a loop the compiler
     // declines to unroll would index it at run time, from local memory).
     let store = |i: u32, j: u32, v: f32| {
-        let (m, n) = (m0 + ty * 4 + i, n0 + tx * 4 + j);
+        let (mi, ni) = if TF32 {
+            tc_coord(tid, i, j)
+        } else {
+            (ty * 4 + i, tx * 4 + j)
+        };
+        let (m, n) = (m0 + mi, n0 + ni);
         if m < m_total && n < n_total {
             unsafe { e.store(m, n, v) };
         }
@@ -175,259 +186,49 @@ pub unsafe fn gemm_tile_simt<A: OperandA, B: OperandB, E: Epilogue>(
     store(3, 3, acc[3][3]);
 }
 
-/// Computes one tile of C over `k_begin..k_end`: the CUDA-core engine
-/// (`gemm_tile_simt`, 64×64 tiles) for fp32, the tensor-core engine
-/// (`gemm_tile_tc`, 128×128 tiles) for TF32. The launcher sizes the grid and
-/// shared memory to match (`tile_of::<TF32>()`, `shared_bytes::<TF32>()`).
+/// Tile coordinates of accumulator `acc[j][i]` in the tensor-core layout
+/// (`j` = which 16×8 product, `i` = which of its four values).
 #[inline(always)]
-pub unsafe fn gemm_tile<A: OperandA, B: OperandB, E: Epilogue, const TF32: bool>(
-    a: &A,
-    b: &B,
-    e: &E,
-    m_total: u32,
-    n_total: u32,
-    k_begin: u32,
-    k_end: u32,
-) {
-    if TF32 {
-        unsafe { gemm_tile_tc(a, b, e, m_total, n_total, k_begin, k_end) }
-    } else {
-        unsafe { gemm_tile_simt(a, b, e, m_total, n_total, k_begin, k_end) }
-    }
+fn tc_coord(tid: u32, i: u32, j: u32) -> (u32, u32) {
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let row = 16 * (warp / 2) + g + 8 * (j / 2);
+    let col = 32 * (warp % 2) + 8 * i + 2 * t + j % 2;
+    (row, col)
 }
 
-/// Tile side of the tensor-core engine (both M and N).
-pub const TC_TILE: u32 = 128;
-/// Shared row strides of the tensor-core engine: 128 + 8 floats, so that the
-/// fragment reads (8 rows × 4 k per warp) hit 32 different banks.
-const TC_AS: u32 = TC_TILE + 8;
-const TC_BS: u32 = TC_TILE + 8;
-/// Dynamic shared memory of the tensor-core engine, in bytes.
-pub const TC_SHARED_BYTES: u32 = (BK * TC_AS + BK * TC_BS) * 4;
-
-/// The TF32 tensor-core engine: a 128×128 tile of C per block of 256 threads
-/// (8 warps as 2 × 4, each owning a 64×32 slice = 4 × 4 m16n8k8 products),
-/// K in steps of 16 through shared memory with the next step's global loads
-/// in flight in registers. Operands are rounded to TF32 as they enter shared
-/// memory; accumulation is fp32.
+/// The tensor-core inner loop over one shared-memory K tile: two k8 steps,
+/// four m16n8k8 products per warp each. `acc[n8 tile][value]`.
 #[inline(always)]
-pub unsafe fn gemm_tile_tc<A: OperandA, B: OperandB, E: Epilogue>(
-    a: &A,
-    b: &B,
-    e: &E,
-    m_total: u32,
-    n_total: u32,
-    k_begin: u32,
-    k_end: u32,
-) {
+unsafe fn mma_steps(a_s: *const f32, b_s: *const f32, acc: &mut [[f32; 4]; 4]) {
     let tid = tid_x();
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
-    let m0 = bid_y() * TC_TILE;
-    let n0 = bid_x() * TC_TILE;
-    let row0 = 64 * (warp / 4);
-    let col0 = 32 * (warp % 4);
-    let a_s: *mut f32 = shared::<f32>();
-    let b_s: *mut f32 = unsafe { a_s.add((BK * TC_AS) as usize) };
-
-    // Slot r (0..8) of this thread's share of the 128×16 A and 16×128 B tiles.
-    let a_coord = |r: u32| -> (u32, u32) {
-        let e = tid + THREADS * r;
-        if A::K_FAST {
-            (e / BK, e % BK)
-        } else {
-            (e % TC_TILE, e / TC_TILE)
-        }
-    };
-    let b_coord = |r: u32| -> (u32, u32) {
-        let e = tid + THREADS * r;
-        if B::K_FAST {
-            (e % BK, e / BK)
-        } else {
-            (e / TC_TILE, e % TC_TILE)
-        }
-    };
-    let load_regs = |k0: u32, ra: &mut [f32; 8], rb: &mut [f32; 8]| {
-        for r in 0..8 {
-            let (mi, ki) = a_coord(r);
-            let (m, k) = (m0 + mi, k0 + ki);
-            ra[r as usize] = if m < m_total && k < k_end {
-                unsafe { a.load(m, k) }
-            } else {
-                0.0
-            };
-            let (ki, ni) = b_coord(r);
-            let (k, n) = (k0 + ki, n0 + ni);
-            rb[r as usize] = if n < n_total && k < k_end {
-                unsafe { b.load(k, n) }
-            } else {
-                0.0
-            };
-        }
-    };
+    let row0 = 16 * (warp / 2);
+    let col0 = 32 * (warp % 2);
     let ld = |p: *const f32, k: u32, x: u32, stride: u32| unsafe {
         (*p.add((k * stride + x) as usize)).to_bits()
     };
-
-    let mut acc = [[0.0f32; 4]; 16];
-    let mut ra = [0.0f32; 8];
-    let mut rb = [0.0f32; 8];
-    let mut k0 = k_begin;
-    if k0 < k_end {
-        load_regs(k0, &mut ra, &mut rb);
+    for step in 0..BK / 8 {
+        let k0 = 8 * step;
+        let a = [
+            ld(a_s, k0 + t, row0 + g, AS_STRIDE),
+            ld(a_s, k0 + t, row0 + g + 8, AS_STRIDE),
+            ld(a_s, k0 + t + 4, row0 + g, AS_STRIDE),
+            ld(a_s, k0 + t + 4, row0 + g + 8, AS_STRIDE),
+        ];
+        let b = |j: u32| {
+            let col = col0 + 8 * j + g;
+            [
+                ld(b_s, k0 + t, col, BS_STRIDE),
+                ld(b_s, k0 + t + 4, col, BS_STRIDE),
+            ]
+        };
+        acc[0] = mma_tf32(a, b(0), acc[0]);
+        acc[1] = mma_tf32(a, b(1), acc[1]);
+        acc[2] = mma_tf32(a, b(2), acc[2]);
+        acc[3] = mma_tf32(a, b(3), acc[3]);
     }
-    while k0 < k_end {
-        for r in 0..8 {
-            let (mi, ki) = a_coord(r);
-            unsafe {
-                *a_s.add((ki * TC_AS + mi) as usize) = f32::from_bits(to_tf32(ra[r as usize]))
-            };
-            let (ki, ni) = b_coord(r);
-            unsafe {
-                *b_s.add((ki * TC_BS + ni) as usize) = f32::from_bits(to_tf32(rb[r as usize]))
-            };
-        }
-        sync_threads();
-        let next = k0 + BK;
-        if next < k_end {
-            load_regs(next, &mut ra, &mut rb);
-        }
-        for step in 0..BK / 8 {
-            let k0 = 8 * step;
-            let a0 = [
-                ld(a_s, k0 + t, row0 + 0 + g, TC_AS),
-                ld(a_s, k0 + t, row0 + 0 + g + 8, TC_AS),
-                ld(a_s, k0 + t + 4, row0 + 0 + g, TC_AS),
-                ld(a_s, k0 + t + 4, row0 + 0 + g + 8, TC_AS),
-            ];
-            let a1 = [
-                ld(a_s, k0 + t, row0 + 16 + g, TC_AS),
-                ld(a_s, k0 + t, row0 + 16 + g + 8, TC_AS),
-                ld(a_s, k0 + t + 4, row0 + 16 + g, TC_AS),
-                ld(a_s, k0 + t + 4, row0 + 16 + g + 8, TC_AS),
-            ];
-            let a2 = [
-                ld(a_s, k0 + t, row0 + 32 + g, TC_AS),
-                ld(a_s, k0 + t, row0 + 32 + g + 8, TC_AS),
-                ld(a_s, k0 + t + 4, row0 + 32 + g, TC_AS),
-                ld(a_s, k0 + t + 4, row0 + 32 + g + 8, TC_AS),
-            ];
-            let a3 = [
-                ld(a_s, k0 + t, row0 + 48 + g, TC_AS),
-                ld(a_s, k0 + t, row0 + 48 + g + 8, TC_AS),
-                ld(a_s, k0 + t + 4, row0 + 48 + g, TC_AS),
-                ld(a_s, k0 + t + 4, row0 + 48 + g + 8, TC_AS),
-            ];
-            let b0 = [
-                ld(b_s, k0 + t, col0 + 0 + g, TC_BS),
-                ld(b_s, k0 + t + 4, col0 + 0 + g, TC_BS),
-            ];
-            let b1 = [
-                ld(b_s, k0 + t, col0 + 8 + g, TC_BS),
-                ld(b_s, k0 + t + 4, col0 + 8 + g, TC_BS),
-            ];
-            let b2 = [
-                ld(b_s, k0 + t, col0 + 16 + g, TC_BS),
-                ld(b_s, k0 + t + 4, col0 + 16 + g, TC_BS),
-            ];
-            let b3 = [
-                ld(b_s, k0 + t, col0 + 24 + g, TC_BS),
-                ld(b_s, k0 + t + 4, col0 + 24 + g, TC_BS),
-            ];
-            acc[0] = mma_tf32(a0, b0, acc[0]);
-            acc[1] = mma_tf32(a0, b1, acc[1]);
-            acc[2] = mma_tf32(a0, b2, acc[2]);
-            acc[3] = mma_tf32(a0, b3, acc[3]);
-            acc[4] = mma_tf32(a1, b0, acc[4]);
-            acc[5] = mma_tf32(a1, b1, acc[5]);
-            acc[6] = mma_tf32(a1, b2, acc[6]);
-            acc[7] = mma_tf32(a1, b3, acc[7]);
-            acc[8] = mma_tf32(a2, b0, acc[8]);
-            acc[9] = mma_tf32(a2, b1, acc[9]);
-            acc[10] = mma_tf32(a2, b2, acc[10]);
-            acc[11] = mma_tf32(a2, b3, acc[11]);
-            acc[12] = mma_tf32(a3, b0, acc[12]);
-            acc[13] = mma_tf32(a3, b1, acc[13]);
-            acc[14] = mma_tf32(a3, b2, acc[14]);
-            acc[15] = mma_tf32(a3, b3, acc[15]);
-        }
-        sync_threads();
-        k0 = next;
-    }
-
-    // Fragment value v of product (mt, nt) sits at row 16·mt + g + 8·(v / 2),
-    // column 8·nt + 2t + v % 2 of the warp's slice. Written out so that `acc`
-    // stays in registers.
-    let store = |dr: u32, dc: u32, v: f32| {
-        let (m, n) = (m0 + row0 + g + dr, n0 + col0 + 2 * t + dc);
-        if m < m_total && n < n_total {
-            unsafe { e.store(m, n, v) };
-        }
-    };
-    store(0, 0, acc[0][0]);
-    store(0, 1, acc[0][1]);
-    store(8, 0, acc[0][2]);
-    store(8, 1, acc[0][3]);
-    store(0, 8, acc[1][0]);
-    store(0, 9, acc[1][1]);
-    store(8, 8, acc[1][2]);
-    store(8, 9, acc[1][3]);
-    store(0, 16, acc[2][0]);
-    store(0, 17, acc[2][1]);
-    store(8, 16, acc[2][2]);
-    store(8, 17, acc[2][3]);
-    store(0, 24, acc[3][0]);
-    store(0, 25, acc[3][1]);
-    store(8, 24, acc[3][2]);
-    store(8, 25, acc[3][3]);
-    store(16, 0, acc[4][0]);
-    store(16, 1, acc[4][1]);
-    store(24, 0, acc[4][2]);
-    store(24, 1, acc[4][3]);
-    store(16, 8, acc[5][0]);
-    store(16, 9, acc[5][1]);
-    store(24, 8, acc[5][2]);
-    store(24, 9, acc[5][3]);
-    store(16, 16, acc[6][0]);
-    store(16, 17, acc[6][1]);
-    store(24, 16, acc[6][2]);
-    store(24, 17, acc[6][3]);
-    store(16, 24, acc[7][0]);
-    store(16, 25, acc[7][1]);
-    store(24, 24, acc[7][2]);
-    store(24, 25, acc[7][3]);
-    store(32, 0, acc[8][0]);
-    store(32, 1, acc[8][1]);
-    store(40, 0, acc[8][2]);
-    store(40, 1, acc[8][3]);
-    store(32, 8, acc[9][0]);
-    store(32, 9, acc[9][1]);
-    store(40, 8, acc[9][2]);
-    store(40, 9, acc[9][3]);
-    store(32, 16, acc[10][0]);
-    store(32, 17, acc[10][1]);
-    store(40, 16, acc[10][2]);
-    store(40, 17, acc[10][3]);
-    store(32, 24, acc[11][0]);
-    store(32, 25, acc[11][1]);
-    store(40, 24, acc[11][2]);
-    store(40, 25, acc[11][3]);
-    store(48, 0, acc[12][0]);
-    store(48, 1, acc[12][1]);
-    store(56, 0, acc[12][2]);
-    store(56, 1, acc[12][3]);
-    store(48, 8, acc[13][0]);
-    store(48, 9, acc[13][1]);
-    store(56, 8, acc[13][2]);
-    store(56, 9, acc[13][3]);
-    store(48, 16, acc[14][0]);
-    store(48, 17, acc[14][1]);
-    store(56, 16, acc[14][2]);
-    store(56, 17, acc[14][3]);
-    store(48, 24, acc[15][0]);
-    store(48, 25, acc[15][1]);
-    store(56, 24, acc[15][2]);
-    store(56, 25, acc[15][3]);
 }
 
 /// Declares the fp32 and TF32 entry points of a GEMM-engine kernel

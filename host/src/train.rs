@@ -194,9 +194,9 @@ fn normalize(cfg: &Config) -> Normalize {
 /// Opens the datasets and checks them against the model.
 pub fn open_data(cfg: &Config) -> Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
     let (train, val) = data::open_train_val(&source_spec(cfg))?;
-    if train.classes() != cfg.model.classes {
+    if train.classes() > cfg.model.classes {
         bail!(
-            "{}: the dataset has {} classes but model.classes is {}",
+            "{}: the dataset has {} classes but model.classes is only {}",
             cfg.origin,
             train.classes(),
             cfg.model.classes

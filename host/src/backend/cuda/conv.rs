@@ -7,7 +7,7 @@
 //! two blocks per SM; the slices' partials land in a workspace and
 //! `splitk_reduce` adds them in a fixed order, keeping results deterministic.
 
-use super::gemm::{tile, tiles};
+use super::gemm::tiles;
 use super::{CudaBackend, check_len, grid_1d, launch};
 use crate::backend::ConvGeom;
 use anyhow::{Result, bail};
@@ -69,12 +69,7 @@ pub(super) fn conv_forward(
     check_len("conv_forward w", w, g.w_len())?;
     check_len("conv_forward bias", bias, g.c_out)?;
     check_len("conv_forward y", y, g.y_len())?;
-    let cfg = tiles(
-        be,
-        g.c_out / g.groups,
-        g.n * g.out_h() * g.out_w(),
-        g.groups,
-    );
+    let cfg = tiles(g.c_out / g.groups, g.n * g.out_h() * g.out_w(), g.groups);
     launch!(be, be.gemm_kernel("conv_forward", "conv_forward_tf32"), cfg, || format!("{g:?}"); &s, x, w, bias, y)
 }
 
@@ -89,7 +84,7 @@ pub(super) fn conv_backward_data(
     check_len("conv_backward_data dy", dy, g.y_len())?;
     check_len("conv_backward_data w", w, g.w_len())?;
     check_len("conv_backward_data dx", dx, g.x_len())?;
-    let cfg = tiles(be, g.c_in / g.groups, g.n * g.h * g.w, g.groups);
+    let cfg = tiles(g.c_in / g.groups, g.n * g.h * g.w, g.groups);
     launch!(be, be.gemm_kernel("conv_backward_data", "conv_backward_data_tf32"), cfg, || format!("{g:?}"); &s, dy, w, dx)
 }
 
@@ -98,8 +93,7 @@ pub(super) fn conv_backward_data(
 fn filter_splits(be: &CudaBackend, g: &ConvGeom) -> u32 {
     let m = g.c_out / g.groups;
     let n = (g.c_in / g.groups) * g.k_h * g.k_w;
-    let t = tile(be).0;
-    let blocks = m.div_ceil(t) * n.div_ceil(t) * g.groups;
+    let blocks = m.div_ceil(64) * n.div_ceil(64) * g.groups;
     let k = g.n * g.out_h() * g.out_w();
     let want = (2 * be.sm_count() as usize).div_ceil(blocks);
     want.min(k / 1024).clamp(1, 64) as u32
@@ -118,7 +112,7 @@ pub(super) fn conv_backward_filter(
     check_len("conv_backward_filter dw", dw, g.w_len())?;
     let splits = filter_splits(be, g);
     let n_len = (g.c_in / g.groups) * g.k_h * g.k_w;
-    let cfg = tiles(be, g.c_out / g.groups, n_len, g.groups * splits as usize);
+    let cfg = tiles(g.c_out / g.groups, n_len, g.groups * splits as usize);
     let what = || format!("{g:?} splits={splits}");
     if splits == 1 {
         return launch!(be, be.gemm_kernel("conv_backward_filter", "conv_backward_filter_tf32"), cfg, what; &s, x, dy, dw, &splits);

@@ -8,27 +8,17 @@ use crate::backend::FcGeom;
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
-/// Tile side and dynamic shared memory of the GEMM engine the backend's
-/// precision selects; must match `gpu_kernels::gemm` (`BM`/`SHARED_BYTES`:
-/// 64 and 16·(64+4)·2 floats for fp32; `TC_TILE`/`TC_SHARED_BYTES`: 128 and
-/// 16·(128+8)·2 floats for TF32).
-pub(super) fn tile(be: &CudaBackend) -> (usize, u32) {
-    if be.tf32 {
-        (128, 16 * (128 + 8) * 2 * 4)
-    } else {
-        (64, 16 * (64 + 4) * 2 * 4)
+/// Tile grid of the GEMM engine for an `m × n` result, `z` problems.
+pub(super) fn tiles(m: usize, n: usize, z: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, z as u32),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: GEMM_SHARED_BYTES,
     }
 }
 
-/// Tile grid of the GEMM engine for an `m × n` result, `z` problems.
-pub(super) fn tiles(be: &CudaBackend, m: usize, n: usize, z: usize) -> LaunchConfig {
-    let (t, shared) = tile(be);
-    LaunchConfig {
-        grid_dim: (n.div_ceil(t) as u32, m.div_ceil(t) as u32, z as u32),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: shared,
-    }
-}
+/// Must equal `gpu_kernels::gemm::SHARED_BYTES`: 16·(64+4)·2 floats.
+pub(super) const GEMM_SHARED_BYTES: u32 = 16 * (64 + 4) * 2 * 4;
 
 fn dims(g: &FcGeom) -> (u32, u32, u32) {
     (g.n as u32, g.inputs as u32, g.outputs as u32)
@@ -47,7 +37,7 @@ pub(super) fn fc_forward(
     check_len("fc_forward bias", b, g.outputs)?;
     check_len("fc_forward y", y, g.n * g.outputs)?;
     let (n, i, o) = dims(g);
-    launch!(be, be.gemm_kernel("fc_forward", "fc_forward_tf32"), tiles(be, g.n, g.outputs, 1), || format!("{g:?}"); x, w, b, y, &n, &i, &o)
+    launch!(be, be.gemm_kernel("fc_forward", "fc_forward_tf32"), tiles(g.n, g.outputs, 1), || format!("{g:?}"); x, w, b, y, &n, &i, &o)
 }
 
 pub(super) fn fc_backward_data(
@@ -61,7 +51,7 @@ pub(super) fn fc_backward_data(
     check_len("fc_backward_data w", w, g.outputs * g.inputs)?;
     check_len("fc_backward_data dx", dx, g.n * g.inputs)?;
     let (n, i, o) = dims(g);
-    launch!(be, be.gemm_kernel("fc_backward_data", "fc_backward_data_tf32"), tiles(be, g.n, g.inputs, 1), || format!("{g:?}"); dy, w, dx, &n, &i, &o)
+    launch!(be, be.gemm_kernel("fc_backward_data", "fc_backward_data_tf32"), tiles(g.n, g.inputs, 1), || format!("{g:?}"); dy, w, dx, &n, &i, &o)
 }
 
 pub(super) fn fc_backward_filter(
@@ -75,7 +65,7 @@ pub(super) fn fc_backward_filter(
     check_len("fc_backward_filter dy", dy, g.n * g.outputs)?;
     check_len("fc_backward_filter dw", dw, g.outputs * g.inputs)?;
     let (n, i, o) = dims(g);
-    launch!(be, be.gemm_kernel("fc_backward_filter", "fc_backward_filter_tf32"), tiles(be, g.outputs, g.inputs, 1), || format!("{g:?}"); x, dy, dw, &n, &i, &o)
+    launch!(be, be.gemm_kernel("fc_backward_filter", "fc_backward_filter_tf32"), tiles(g.outputs, g.inputs, 1), || format!("{g:?}"); x, dy, dw, &n, &i, &o)
 }
 
 pub(super) fn fc_backward_bias(
