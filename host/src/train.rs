@@ -245,7 +245,7 @@ pub fn train(cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
     if let Some(why) = cuda::unavailable_reason() {
         bail!("training on {gpus} GPU(s) needs the CUDA backend: {why}");
     }
-    let visible = cuda::devices()?.len();
+    let visible = crate::multi_gpu::visible_gpus()?;
     let count = if opts.devices.is_some() {
         opts.gpus
     } else {
@@ -363,6 +363,9 @@ impl EvalSums {
     }
 }
 
+/// Named parameter tensors as `(name, shape, values)`, what checkpoints hold.
+pub type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+
 /// What the training loop drives: the network's replicas, their parameters
 /// and their data. Every call concerns the whole (global) batch.
 pub trait Engine {
@@ -379,7 +382,7 @@ pub trait Engine {
         momentum: bool,
     ) -> Result<()>;
     /// The parameters (or momentum buffers), as the checkpoint stores them.
-    fn save_params(&mut self, momentum: bool) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>>;
+    fn save_params(&mut self, momentum: bool) -> Result<Tensors>;
     /// Positions the data at batch `first_batch` of `epoch`.
     fn start_epoch(&mut self, epoch: u64, first_batch: usize) -> Result<()>;
     /// One training step on the epoch's next batch; returns its sample count.
@@ -444,7 +447,7 @@ impl<B: Backend> Engine for Single<'_, B> {
     ) -> Result<()> {
         self.model.upload_params(self.be, tensors, momentum)
     }
-    fn save_params(&mut self, momentum: bool) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+    fn save_params(&mut self, momentum: bool) -> Result<Tensors> {
         self.model.download_params(self.be, momentum)
     }
     fn start_epoch(&mut self, epoch: u64, first_batch: usize) -> Result<()> {

@@ -33,9 +33,9 @@ use crate::backend::{Backend, SgdParams};
 use crate::config::{Config, ModelSpec};
 use crate::data::{Epoch, Loader};
 use crate::multi_gpu::Reducer;
-use crate::train::{Engine, EvalSums, RunData, TrainOptions, TrainOutcome, eval_sums, next_batch};
-
-type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+use crate::train::{
+    Engine, EvalSums, RunData, Tensors, TrainOptions, TrainOutcome, eval_sums, next_batch,
+};
 
 /// What the leader asks a rank to do.
 #[derive(Clone)]
@@ -73,8 +73,8 @@ type Replies = Receiver<(usize, Result<Reply>)>;
 
 /// N replicas behind the training loop's [`Engine`]; see the module docs.
 pub struct DataParallel {
-    commands: Vec<Option<Sender<Cmd>>>,
-    threads: Vec<Option<JoinHandle<()>>>,
+    commands: Vec<Sender<Cmd>>,
+    threads: Vec<JoinHandle<()>>,
     replies: Replies,
     names: Vec<String>,
     per_rank: usize,
@@ -225,13 +225,16 @@ impl DataParallel {
             per_epoch: 0,
             failed: false,
         };
+        // Every fallible step that needs no thread first: once a rank's
+        // thread runs, it may wait for its peers (NCCL's init) forever.
+        let mut setups = Vec::with_capacity(world);
         for rank in 0..world {
             let shard =
                 |c: &crate::data::LoaderConfig| c.clone().shard(rank, world).with_workers(workers);
             let train = Loader::new(data.train.clone(), shard(&data.train_loader))?;
             let val = Loader::new(data.val.clone(), shard(&data.val_loader))?;
             engine.per_epoch = train.batches_per_epoch();
-            let setup = RankSetup {
+            setups.push(RankSetup {
                 rank,
                 spec: cfg.model.clone(),
                 batch: per_rank,
@@ -239,10 +242,13 @@ impl DataParallel {
                 bucket_bytes,
                 train,
                 val,
-            };
+            });
+        }
+        for setup in setups {
+            let rank = setup.rank;
             let (tx, rx) = channel();
             let (make, reply_tx) = (make.clone(), reply_tx.clone());
-            let thread = std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name(format!("rank-{rank}"))
                 .spawn(move || {
                     let run = AssertUnwindSafe(|| serve(setup, &*make, rx, &reply_tx));
@@ -250,10 +256,17 @@ impl DataParallel {
                         let _ =
                             reply_tx.send((rank, Err(anyhow!("panicked: {}", panic_text(&*p)))));
                     }
-                })
-                .with_context(|| format!("starting the thread of rank {rank}"))?;
-            engine.commands.push(Some(tx));
-            engine.threads.push(Some(thread));
+                });
+            match spawned {
+                Ok(thread) => {
+                    engine.commands.push(tx);
+                    engine.threads.push(thread);
+                }
+                Err(e) => {
+                    engine.failed = true;
+                    bail!("cannot start the thread of rank {rank}: {e}");
+                }
+            }
         }
         for (rank, reply) in engine.collect(world)?.into_iter().enumerate() {
             if let Reply::Ready { name, params } = reply {
@@ -291,8 +304,7 @@ impl DataParallel {
         if self.failed {
             bail!("the replicas stopped after an earlier error");
         }
-        let sent = self.commands[rank].as_ref().map(|tx| tx.send(cmd));
-        if !matches!(sent, Some(Ok(()))) {
+        if self.commands[rank].send(cmd).is_err() {
             self.failed = true;
             bail!("replica {rank} ({}) is no longer running", self.names[rank]);
         }
@@ -335,7 +347,7 @@ impl Engine for DataParallel {
         let tensors = Arc::new(tensors.to_vec());
         self.all(Cmd::Load { tensors, momentum }).map(drop)
     }
-    fn save_params(&mut self, momentum: bool) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+    fn save_params(&mut self, momentum: bool) -> Result<Tensors> {
         self.send(0, Cmd::Save { momentum })?;
         match self.collect(1)?.pop() {
             Some(Reply::Params(p)) => Ok(p),
@@ -385,7 +397,7 @@ impl Drop for DataParallel {
     fn drop(&mut self) {
         self.commands.clear();
         if !self.failed {
-            for t in self.threads.iter_mut().filter_map(Option::take) {
+            for t in self.threads.drain(..) {
                 let _ = t.join();
             }
         }
@@ -456,10 +468,11 @@ pub fn train_data_parallel(
     opts: &TrainOptions,
     devices: &[usize],
 ) -> Result<TrainOutcome> {
+    let world = devices.len();
+    per_rank_batch(cfg.train.batch_size, world).with_context(|| cfg.origin.clone())?;
     if let Some(why) = nccl_unavailable_reason() {
         bail!("{why}");
     }
-    let world = devices.len();
     let id = NcclId::new()?;
     let precision = cfg.train.precision;
     let devices = devices.to_vec();

@@ -39,6 +39,13 @@
 //! (p = 0); with dropout they are statistically equivalent, and one replica
 //! is bit-identical to the single-GPU path.
 //!
+//! Reproducibility: a replica's work is as deterministic as the single-GPU
+//! path, and for a given set of GPUs and NCCL version NCCL picks the same
+//! algorithm and reduces in the same order (in practice; NCCL does not
+//! promise it), so a resumed run on the same GPUs should end as an
+//! uninterrupted one; runs on different numbers of GPUs differ by rounding
+//! (and by dropout masks).
+//!
 //! Not implemented: the "one weird trick" hybrid (convolutions data-parallel,
 //! fc layers model-parallel); the fc layers are replicated like the rest.
 

@@ -154,7 +154,7 @@ impl NcclReducer {
         op: impl Fn(&Comm, &mut cudarc::driver::CudaSlice<f32>) -> Result<(), nccl_result::NcclError>,
     ) -> Result<()> {
         nccl_result::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
-        let queued = bufs.iter_mut().try_for_each(|b| op(&self.comm, &mut **b));
+        let queued = bufs.iter_mut().try_for_each(|b| op(&self.comm, b));
         let ended = nccl_result::group_end();
         queued.map_err(|e| nccl_err(what, e))?;
         ended.map_err(|e| nccl_err("ncclGroupEnd", e))?;
