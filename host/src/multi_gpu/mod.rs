@@ -18,9 +18,10 @@
 //!   tests, and a no-op for one replica);
 //! - `nccl`: [`NcclReducer`], NCCL all-reduce on a second stream per GPU;
 //! - `engine`: [`DataParallel`], one worker thread per rank driven by the
-//!   training loop of [`crate::train`], and the entry points
+//!   training loop of [`crate::train`], the entry points
 //!   [`train_data_parallel`] (GPUs, NCCL) and [`train_replicated`] (any
-//!   backend and reducer);
+//!   backend and reducer), and [`on_ranks`] (a function on one thread per
+//!   rank, for tests and benchmarks);
 //! - `bench`: `host bench --gpus N` (images/s, scaling efficiency, time spent
 //!   waiting for communication).
 //!
@@ -29,15 +30,15 @@
 //! without one host thread serialising N devices. Gradients are reduced in
 //! buckets of at least [`DEFAULT_BUCKET_BYTES`], launched in backward order,
 //! so fc8's and fc7's gradients travel while the conv layers' backward still
-//! runs; a bucket is NCCL's group of the layers' own gradient buffers (one
-//! fused launch, no copy into a flat buffer). The mean is NCCL's `ncclAvg`
+//! runs; a bucket is an NCCL group of the layers' own gradient buffers
+//! (aggregated by NCCL, no copy into a flat buffer). The mean is NCCL's `ncclAvg`
 //! (NCCL ≥ 2.10), so no scale kernel is needed.
 //!
 //! Dropout: rank 0 draws its masks from the run's seed, rank r > 0 from
 //! [`rank_seed`], so replicas do not repeat each other's masks. N replicas
-//! therefore match one GPU on the global batch exactly only without dropout
-//! (p = 0); with dropout they are statistically equivalent, and one replica
-//! is bit-identical to the single-GPU path.
+//! therefore match one GPU on the global batch (up to rounding) only without
+//! dropout (p = 0); with dropout they are statistically equivalent. One
+//! replica is bit-identical to the single-GPU path.
 //!
 //! Reproducibility: a replica's work is as deterministic as the single-GPU
 //! path, and for a given set of GPUs and NCCL version NCCL picks the same
