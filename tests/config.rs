@@ -265,6 +265,7 @@ fn pool_and_conv_sizes_use_the_floor_rule() {
 /// what the message must say. The CLI tests use the same folder.
 #[rustfmt::skip]
 const BAD: &[(&str, &str, &str)] = &[
+    ("batch-not-divisible-by-gpus", "train.batch_size", "16 is not divisible by train.gpus (3)"),
     ("batch-size-zero", "train.batch_size", "must be ≥ 1, got 0"),
     ("channels-not-divisible-by-groups", "model.layers[0].groups", "input channels 3 are not divisible by groups 2"),
     ("classes-mismatch", "model.classes", "5 does not match the 4 outputs of layer \"fc4\""),

@@ -2,7 +2,7 @@
 //!
 //! `backend` holds the ops (CPU reference and CUDA), `config` the validated
 //! JSON configs, `data` the datasets and loaders, `checkpoint` safetensors
-//! I/O, `report` metrics and plots.
+//! I/O, `report` metrics and plots, `multi_gpu` data-parallel training.
 
 pub mod backend;
 pub mod bench;
@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod data;
 pub mod model;
+pub mod multi_gpu;
 pub mod report;
 pub mod train;
 

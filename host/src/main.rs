@@ -30,6 +30,16 @@ enum Command {
         /// GPU ordinal for --device cuda/auto.
         #[arg(long, default_value_t = 0)]
         gpu: usize,
+        /// Train data-parallel on GPUs 0..N (overrides train.gpus). The batch
+        /// size stays global: each GPU takes batch/N samples of every batch.
+        #[arg(long)]
+        gpus: Option<usize>,
+        /// Train on these GPUs, e.g. 0,2 (data-parallel when more than one).
+        #[arg(long, value_delimiter = ',', conflicts_with = "gpu")]
+        devices: Option<Vec<usize>>,
+        /// Smallest gradient bucket all-reduced at once on several GPUs, MiB.
+        #[arg(long, default_value_t = 8.0)]
+        bucket_mb: f64,
         /// ImageNet-layout folder (train/<class>/*, val/<class>/*) or a folder made by `host prepare`.
         #[arg(long)]
         data: Option<PathBuf>,
@@ -81,6 +91,16 @@ enum Command {
         device: DeviceChoice,
         #[arg(long, default_value_t = 0)]
         gpu: usize,
+        /// Data-parallel scaling on GPUs 0..N: --batch-size is then per GPU,
+        /// and one GPU runs the same per-GPU batch for the efficiency.
+        #[arg(long)]
+        gpus: Option<usize>,
+        /// Data-parallel scaling on these GPUs, e.g. 0,2.
+        #[arg(long, value_delimiter = ',', conflicts_with = "gpu")]
+        devices: Option<Vec<usize>>,
+        /// Smallest gradient bucket all-reduced at once, MiB.
+        #[arg(long, default_value_t = 8.0)]
+        bucket_mb: f64,
         /// Also write the results as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -198,6 +218,9 @@ fn main() {
             config,
             device,
             gpu,
+            gpus,
+            devices,
+            bucket_mb,
             data,
             out,
             seed,
@@ -209,25 +232,30 @@ fn main() {
             max_steps,
             log_every,
             quiet,
-        } => host::cli::train(
-            &config,
-            host::train::TrainOptions {
-                device,
-                gpu,
-                out,
-                seed,
-                batch_size,
-                epochs,
-                data,
-                resume,
-                init,
-                precision,
-                max_steps,
-                log_every: log_every.max(1),
-                progress: !quiet,
-                ..Default::default()
-            },
-        ),
+        } => host::cli::bucket_bytes(bucket_mb).and_then(|bucket_bytes| {
+            host::cli::train(
+                &config,
+                host::train::TrainOptions {
+                    device,
+                    gpu,
+                    gpus,
+                    devices,
+                    bucket_bytes,
+                    out,
+                    seed,
+                    batch_size,
+                    epochs,
+                    data,
+                    resume,
+                    init,
+                    precision,
+                    max_steps,
+                    log_every: log_every.max(1),
+                    progress: !quiet,
+                    ..Default::default()
+                },
+            )
+        }),
         Command::Bench {
             config,
             batch_size,
@@ -236,17 +264,36 @@ fn main() {
             precision,
             device,
             gpu,
+            gpus,
+            devices,
+            bucket_mb,
             json,
-        } => host::cli::bench(
-            &config,
-            &batch_size,
-            steps,
-            profile,
-            precision,
-            device,
-            gpu,
-            json.as_deref(),
-        ),
+        } => {
+            if gpus.is_some() || devices.is_some() {
+                host::cli::bucket_bytes(bucket_mb).and_then(|bucket_bytes| {
+                    host::cli::bench_gpus(
+                        &config,
+                        &batch_size,
+                        steps,
+                        precision,
+                        (gpus, devices.as_deref()),
+                        bucket_bytes,
+                        json.as_deref(),
+                    )
+                })
+            } else {
+                host::cli::bench(
+                    &config,
+                    &batch_size,
+                    steps,
+                    profile,
+                    precision,
+                    device,
+                    gpu,
+                    json.as_deref(),
+                )
+            }
+        }
         Command::Test(a) => host::cli::test(
             &a.checkpoint,
             &host::cli::TestOptions {

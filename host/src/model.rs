@@ -156,6 +156,15 @@ impl<B: Backend> Model<B> {
         numel(&self.layers[0].in_shape)
     }
 
+    /// Indices in [`Model::params`] of layer `i`'s parameters (empty for a
+    /// layer without any), e.g. to hand one layer's gradients to a reducer.
+    pub fn param_range(&self, i: usize) -> std::ops::Range<usize> {
+        match self.slots[i].params {
+            Some((w, b)) => w..b + 1,
+            None => 0..0,
+        }
+    }
+
     /// Number of trainable values.
     pub fn param_count(&self, be: &B) -> usize {
         self.params.iter().map(|p| be.len(&p.value)).sum()

@@ -10,6 +10,11 @@
 //! uninterrupted one on the same device.
 //!
 //! The host reads results back only at logging intervals and evaluations.
+//!
+//! Layout: the loop ([`run`]) drives an [`Engine`]: what runs the network on
+//! the data. [`Single`] is one model on one backend; the data-parallel
+//! engine of [`crate::multi_gpu`] runs replicas on several GPUs behind the
+//! same trait, so schedule, logging, checkpoints and evaluation exist once.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,7 +30,7 @@ use crate::backend::cuda::{self, CudaBackend};
 use crate::backend::{Backend, SgdParams};
 use crate::checkpoint::{self, Checkpoint, CheckpointDir, CheckpointMeta, NamedTensor};
 use crate::config::{Config, DataSource, LrSchedule};
-use crate::data::{self, Dataset, Loader, LoaderConfig, Normalize, SourceSpec};
+use crate::data::{self, Dataset, Epoch, Loader, LoaderConfig, Normalize, SourceSpec};
 use crate::model::Model;
 use crate::report::{self, MetricsLog, MetricsRecord, Split, Summary};
 
@@ -42,8 +47,14 @@ pub enum DeviceChoice {
 #[derive(Clone, Debug)]
 pub struct TrainOptions {
     pub device: DeviceChoice,
-    /// GPU ordinal for the CUDA backend.
+    /// GPU ordinal for the CUDA backend (one GPU).
     pub gpu: usize,
+    /// Train data-parallel on this many GPUs (overrides `train.gpus`).
+    pub gpus: Option<usize>,
+    /// Train on these GPU ordinals (their count is the number of GPUs).
+    pub devices: Option<Vec<usize>>,
+    /// Smallest gradient bucket all-reduced at once on several GPUs, bytes.
+    pub bucket_bytes: usize,
     /// Runs go to `<out>/<config name>/`.
     pub out: PathBuf,
     pub seed: Option<u64>,
@@ -69,6 +80,9 @@ impl Default for TrainOptions {
         Self {
             device: DeviceChoice::Auto,
             gpu: 0,
+            gpus: None,
+            devices: None,
+            bucket_bytes: crate::multi_gpu::DEFAULT_BUCKET_BYTES,
             out: PathBuf::from("runs"),
             seed: None,
             batch_size: None,
@@ -213,8 +227,45 @@ pub fn open_data(cfg: &Config) -> Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
     Ok((train, val))
 }
 
-/// Picks the backend and runs the training.
+/// Picks the backend (and, with several GPUs, the data-parallel engine) and
+/// runs the training.
 pub fn train(cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
+    let gpus = opts.gpus.unwrap_or(cfg.train.gpus);
+    if gpus == 0 {
+        bail!("--gpus: must be ≥ 1, got 0");
+    }
+    if opts.devices.is_none() && gpus == 1 {
+        return train_single(cfg, opts);
+    }
+    if opts.device == DeviceChoice::Cpu {
+        bail!(
+            "--gpus/--devices/train.gpus choose GPUs, but --device cpu was given (the CPU backend trains one replica)"
+        );
+    }
+    if let Some(why) = cuda::unavailable_reason() {
+        bail!("training on {gpus} GPU(s) needs the CUDA backend: {why}");
+    }
+    let visible = crate::multi_gpu::visible_gpus()?;
+    let count = if opts.devices.is_some() {
+        opts.gpus
+    } else {
+        Some(gpus)
+    };
+    let devices =
+        crate::multi_gpu::select_devices(count, opts.devices.as_deref(), opts.gpu, visible)?;
+    if devices.len() > 1 {
+        return crate::multi_gpu::train_data_parallel(cfg, opts, &devices);
+    }
+    let one = TrainOptions {
+        device: DeviceChoice::Cuda,
+        gpu: devices[0],
+        ..opts.clone()
+    };
+    train_single(cfg, &one)
+}
+
+/// One model on one backend (no NCCL involved).
+fn train_single(cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
     let use_gpu = match opts.device {
         DeviceChoice::Cpu => false,
         DeviceChoice::Cuda => true,
@@ -229,7 +280,7 @@ pub fn train(cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
     if use_gpu {
         let mut be = CudaBackend::new(opts.gpu)?;
         be.set_precision(cfg.train.precision)?;
-        run(&be, cfg, opts)
+        run_single(&be, cfg, opts)
     } else {
         if cfg.train.precision != crate::config::Precision::Fp32 {
             eprintln!(
@@ -237,7 +288,189 @@ pub fn train(cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
                 cfg.train.precision
             );
         }
-        run(&CpuBackend, cfg, opts)
+        run_single(&CpuBackend, cfg, opts)
+    }
+}
+
+fn run_single<B: Backend>(be: &B, cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
+    let data = RunData::open(&cfg)?;
+    let mut engine = Single::new(be, &cfg, &data)?;
+    run(&mut engine, cfg, opts)
+}
+
+/// The datasets of a run and how its loaders read them (the global batch;
+/// a data-parallel engine shards these configs per rank).
+pub struct RunData {
+    pub train: Arc<dyn Dataset>,
+    pub val: Arc<dyn Dataset>,
+    pub train_loader: LoaderConfig,
+    pub val_loader: LoaderConfig,
+}
+
+impl RunData {
+    /// Opens the config's datasets, checks them against the model and says
+    /// what is trained on.
+    pub fn open(cfg: &Config) -> Result<Self> {
+        let (train, val) = open_data(cfg)?;
+        if matches!(cfg.data.source, DataSource::Synthetic { .. }) {
+            println!(
+                "no dataset given: training on the built-in synthetic image set ({})",
+                train.describe()
+            );
+        } else {
+            println!("training data: {}", train.describe());
+        }
+        let t = &cfg.train;
+        let aug = train_augment(cfg);
+        Ok(Self {
+            train,
+            val,
+            val_loader: LoaderConfig::eval(t.batch_size, &aug),
+            train_loader: LoaderConfig::train(t.batch_size, aug, t.seed),
+        })
+    }
+}
+
+/// Sums over the validation set (or one rank's shard of it); shards add up
+/// with [`EvalSums::add`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EvalSums {
+    pub loss: f64,
+    pub top1: usize,
+    pub top5: usize,
+    pub count: usize,
+}
+
+impl EvalSums {
+    pub fn add(&mut self, other: &EvalSums) {
+        self.loss += other.loss;
+        self.top1 += other.top1;
+        self.top5 += other.top5;
+        self.count += other.count;
+    }
+
+    /// Mean loss, top-1 and top-5 accuracy.
+    pub fn means(&self) -> Result<(f32, f32, f32)> {
+        if self.count == 0 {
+            bail!("the validation set is empty");
+        }
+        let c = self.count as f64;
+        Ok((
+            (self.loss / c) as f32,
+            (self.top1 as f64 / c) as f32,
+            (self.top5 as f64 / c) as f32,
+        ))
+    }
+}
+
+/// Named parameter tensors as `(name, shape, values)`, what checkpoints hold.
+pub type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+/// What the training loop drives: the network's replicas, their parameters
+/// and their data. Every call concerns the whole (global) batch.
+pub trait Engine {
+    /// Where it runs, e.g. `cuda:0 NVIDIA H200`.
+    fn describe(&self) -> String;
+    /// Trainable values in the model.
+    fn param_count(&self) -> usize;
+    /// Global batches in one epoch.
+    fn batches_per_epoch(&self) -> usize;
+    /// Overwrites the parameters (or momentum buffers) by name.
+    fn load_params(
+        &mut self,
+        tensors: &[(String, Vec<usize>, Vec<f32>)],
+        momentum: bool,
+    ) -> Result<()>;
+    /// The parameters (or momentum buffers), as the checkpoint stores them.
+    fn save_params(&mut self, momentum: bool) -> Result<Tensors>;
+    /// Positions the data at batch `first_batch` of `epoch`.
+    fn start_epoch(&mut self, epoch: u64, first_batch: usize) -> Result<()>;
+    /// One training step on the epoch's next batch; returns its sample count.
+    fn step(&mut self, dropout: (u64, u64), sgd: &SgdParams) -> Result<usize>;
+    /// Per-sample losses and true-class ranks of the last step, in the
+    /// global batch's order (waits for the device).
+    fn train_metrics(&mut self) -> Result<(Vec<f32>, Vec<f32>)>;
+    /// Sums over the whole validation set (centre crops).
+    fn evaluate(&mut self) -> Result<EvalSums>;
+    /// Waits for all queued work.
+    fn synchronize(&mut self) -> Result<()>;
+}
+
+/// One model on one backend.
+pub struct Single<'a, B: Backend> {
+    be: &'a B,
+    pub model: Model<B>,
+    loader: Loader,
+    val_loader: Loader,
+    epoch: Option<Epoch>,
+}
+
+impl<'a, B: Backend> Single<'a, B> {
+    /// A model for the config's batch, initialised from its seed.
+    pub fn new(be: &'a B, cfg: &Config, data: &RunData) -> Result<Self> {
+        let loader = Loader::new(data.train.clone(), data.train_loader.clone())?;
+        let val_loader = Loader::new(data.val.clone(), data.val_loader.clone())?;
+        let model = Model::new(be, &cfg.model, cfg.train.batch_size, cfg.train.seed)?;
+        Ok(Self {
+            be,
+            model,
+            loader,
+            val_loader,
+            epoch: None,
+        })
+    }
+}
+
+/// The next batch of a started epoch.
+pub(crate) fn next_batch(epoch: &mut Option<Epoch>) -> Result<data::Batch> {
+    epoch
+        .as_mut()
+        .context("no epoch started")?
+        .next()
+        .context("the loader ended the epoch early")?
+}
+
+impl<B: Backend> Engine for Single<'_, B> {
+    fn describe(&self) -> String {
+        self.be.name()
+    }
+    fn param_count(&self) -> usize {
+        self.model.param_count(self.be)
+    }
+    fn batches_per_epoch(&self) -> usize {
+        self.loader.batches_per_epoch()
+    }
+    fn load_params(
+        &mut self,
+        tensors: &[(String, Vec<usize>, Vec<f32>)],
+        momentum: bool,
+    ) -> Result<()> {
+        self.model.upload_params(self.be, tensors, momentum)
+    }
+    fn save_params(&mut self, momentum: bool) -> Result<Tensors> {
+        self.model.download_params(self.be, momentum)
+    }
+    fn start_epoch(&mut self, epoch: u64, first_batch: usize) -> Result<()> {
+        self.epoch = Some(self.loader.epoch_from(epoch, first_batch));
+        Ok(())
+    }
+    fn step(&mut self, dropout: (u64, u64), sgd: &SgdParams) -> Result<usize> {
+        let batch = next_batch(&mut self.epoch)?;
+        let (be, model) = (self.be, &mut self.model);
+        model.set_batch(be, &batch.images, &batch.labels)?;
+        model.forward(be, Some(dropout))?;
+        model.backward(be, Some(dropout))?;
+        model.sgd_step(be, sgd)?;
+        Ok(batch.n)
+    }
+    fn train_metrics(&mut self) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.model.read_metrics(self.be)
+    }
+    fn evaluate(&mut self) -> Result<EvalSums> {
+        eval_sums(self.be, &mut self.model, &self.val_loader)
+    }
+    fn synchronize(&mut self) -> Result<()> {
+        self.be.synchronize()
     }
 }
 
@@ -251,7 +484,9 @@ fn lr_at(cfg: &Config, epoch: u64, sched: &ScheduleState) -> f32 {
     }
 }
 
-fn run<B: Backend>(be: &B, cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
+/// The training loop over `engine` (see the module docs); `engine` was built
+/// for `cfg`.
+pub fn run<E: Engine>(engine: &mut E, cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
     let started = Instant::now();
     let t = &cfg.train;
     let name = Path::new(&cfg.origin)
@@ -260,37 +495,19 @@ fn run<B: Backend>(be: &B, cfg: Config, opts: &TrainOptions) -> Result<TrainOutc
         .unwrap_or("run".into());
     let run_dir = opts.out.join(&name);
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
-    let (train_ds, val_ds) = open_data(&cfg)?;
-    if matches!(cfg.data.source, DataSource::Synthetic { .. }) {
-        println!(
-            "no dataset given: training on the built-in synthetic image set ({})",
-            train_ds.describe()
-        );
-    } else {
-        println!("training data: {}", train_ds.describe());
-    }
-    let aug = train_augment(&cfg);
-    let loader = Loader::new(
-        train_ds.clone(),
-        LoaderConfig::train(t.batch_size, aug.clone(), t.seed),
-    )?;
-    let val_loader = Loader::new(val_ds, LoaderConfig::eval(t.batch_size, &aug))?;
-    let per_epoch = loader.batches_per_epoch();
+    let per_epoch = engine.batches_per_epoch();
     if per_epoch == 0 {
         bail!(
-            "{}: the training set ({} images) is smaller than one batch ({})",
+            "{}: the training set is smaller than one batch ({})",
             cfg.origin,
-            train_ds.len(),
             t.batch_size
         );
     }
-
-    let mut model = Model::new(be, &cfg.model, t.batch_size, t.seed)?;
     println!(
         "{} on {}: {} parameters, batch {}, {} steps per epoch, run dir {}",
         name,
-        be.name(),
-        model.param_count(be),
+        engine.describe(),
+        engine.param_count(),
         t.batch_size,
         per_epoch,
         run_dir.display()
@@ -305,20 +522,20 @@ fn run<B: Backend>(be: &B, cfg: Config, opts: &TrainOptions) -> Result<TrainOutc
             ..Default::default()
         };
         c.validate(path, cfg.model.param_shapes())?;
-        model
-            .upload_params(be, &as_triples(&c.tensors), false)
+        engine
+            .load_params(&as_triples(&c.tensors), false)
             .with_context(|| format!("{}", path.display()))?;
         println!("initial weights from {}", path.display());
     }
     if let Some(path) = &opts.resume {
         let c = checkpoint::load(path)?;
         c.validate(path, cfg.model.param_shapes())?;
-        model
-            .upload_params(be, &as_triples(&c.tensors), false)
+        engine
+            .load_params(&as_triples(&c.tensors), false)
             .with_context(|| format!("{}", path.display()))?;
         if !c.momentum.is_empty() {
-            model
-                .upload_params(be, &as_triples(&c.momentum), true)
+            engine
+                .load_params(&as_triples(&c.momentum), true)
                 .with_context(|| format!("{}", path.display()))?;
         }
         step = c.meta.step;
@@ -341,15 +558,15 @@ fn run<B: Backend>(be: &B, cfg: Config, opts: &TrainOptions) -> Result<TrainOutc
     };
     let mut last_ckpt: Option<PathBuf> = None;
     let mut interrupted = false;
-    let save = |model: &Model<B>,
+    let save = |engine: &mut E,
                 step,
                 epoch,
                 batch_in_epoch: usize,
                 lr,
                 sched: &ScheduleState|
      -> Result<PathBuf> {
-        let tensors = to_named(model.download_params(be, false)?)?;
-        let momentum = to_named(model.download_params(be, true)?)?;
+        let tensors = to_named(engine.save_params(false)?)?;
+        let momentum = to_named(engine.save_params(true)?)?;
         let meta = CheckpointMeta {
             step,
             epoch,
@@ -386,20 +603,14 @@ fn run<B: Backend>(be: &B, cfg: Config, opts: &TrainOptions) -> Result<TrainOutc
             ProgressBar::hidden()
         };
         let mut window = (Instant::now(), 0usize);
-        for (i, batch) in loader.epoch_from(epoch, first_batch).enumerate() {
-            let index = first_batch + i;
-            let batch = batch?;
-            model.set_batch(be, &batch.images, &batch.labels)?;
-            let dropout = Some((t.seed, step));
-            model.forward(be, dropout)?;
-            model.backward(be, dropout)?;
-            model.sgd_step(be, &sgd(lr))?;
+        engine.start_epoch(epoch, first_batch)?;
+        for index in first_batch..per_epoch {
+            window.1 += engine.step((t.seed, step), &sgd(lr))?;
             step += 1;
-            window.1 += batch.n;
             bar.inc(1);
             let done_epoch = index + 1 == per_epoch;
             if step % opts.log_every == 0 || done_epoch {
-                let (loss, rank) = model.read_metrics(be)?;
+                let (loss, rank) = engine.train_metrics()?;
                 let (l, top1, top5) = summarize(&loss, &rank);
                 if !l.is_finite() {
                     bar.abandon();
@@ -434,8 +645,8 @@ fn run<B: Backend>(be: &B, cfg: Config, opts: &TrainOptions) -> Result<TrainOutc
                 opts.stop.load(Ordering::SeqCst) || opts.max_steps.is_some_and(|m| step >= m);
             if stop_now && !done_epoch {
                 bar.abandon();
-                be.synchronize()?;
-                let path = save(&model, step, epoch, index + 1, lr, &sched)?;
+                engine.synchronize()?;
+                let path = save(engine, step, epoch, index + 1, lr, &sched)?;
                 println!("stopped at step {step}; checkpoint {}", path.display());
                 last_ckpt = Some(path);
                 interrupted = true;
@@ -447,7 +658,10 @@ fn run<B: Backend>(be: &B, cfg: Config, opts: &TrainOptions) -> Result<TrainOutc
         epoch += 1;
         let last = epoch as usize == t.epochs;
         if epoch as usize % t.eval_every == 0 || last {
-            let (l, top1, top5, ips) = evaluate(be, &mut model, &val_loader)?;
+            let eval_started = Instant::now();
+            let sums = engine.evaluate()?;
+            let (l, top1, top5) = sums.means()?;
+            let ips = (sums.count as f64 / eval_started.elapsed().as_secs_f64()) as f32;
             println!(
                 "epoch {epoch}/{}: val loss {l:.4}  top-1 {:.2}%  top-5 {:.2}%  (lr {lr:.2e})",
                 t.epochs,
@@ -494,7 +708,7 @@ fn run<B: Backend>(be: &B, cfg: Config, opts: &TrainOptions) -> Result<TrainOutc
             opts.stop.load(Ordering::SeqCst) || opts.max_steps.is_some_and(|m| step >= m);
         if epoch as usize % t.checkpoint_every == 0 || last || stop_now {
             last_ckpt = Some(save(
-                &model,
+                engine,
                 step,
                 epoch,
                 0,
@@ -533,15 +747,24 @@ fn summarize(loss: &[f32], rank: &[f32]) -> (f32, f32, f32) {
 }
 
 /// Loss, top-1, top-5 and images/s over the whole validation set (centre
-/// crops). A last partial batch is padded by repeating its first sample and
-/// the padding is not counted.
+/// crops).
 pub fn evaluate<B: Backend>(
     be: &B,
     model: &mut Model<B>,
     loader: &Loader,
 ) -> Result<(f32, f32, f32, f32)> {
     let started = Instant::now();
-    let (mut loss, mut top1, mut top5, mut count) = (0.0f64, 0usize, 0usize, 0usize);
+    let sums = eval_sums(be, model, loader)?;
+    let (l, top1, top5) = sums.means()?;
+    let ips = (sums.count as f64 / started.elapsed().as_secs_f64()) as f32;
+    Ok((l, top1, top5, ips))
+}
+
+/// Loss and accuracy sums over the batches of `loader` (a rank's shard
+/// or the whole set). A partial batch is padded by repeating its first sample
+/// and the padding is not counted.
+pub fn eval_sums<B: Backend>(be: &B, model: &mut Model<B>, loader: &Loader) -> Result<EvalSums> {
+    let mut sums = EvalSums::default();
     let per = model.input_len_per_sample();
     for batch in loader.epoch(0) {
         let mut batch = batch?;
@@ -556,21 +779,12 @@ pub fn evaluate<B: Backend>(
         model.set_batch(be, &batch.images, &batch.labels)?;
         model.forward(be, None)?;
         let (l, r) = model.read_metrics(be)?;
-        loss += l[..n].iter().map(|&v| v as f64).sum::<f64>();
-        top1 += r[..n].iter().filter(|&&v| v < 1.0).count();
-        top5 += r[..n].iter().filter(|&&v| v < 5.0).count();
-        count += n;
+        sums.loss += l[..n].iter().map(|&v| v as f64).sum::<f64>();
+        sums.top1 += r[..n].iter().filter(|&&v| v < 1.0).count();
+        sums.top5 += r[..n].iter().filter(|&&v| v < 5.0).count();
+        sums.count += n;
     }
-    if count == 0 {
-        bail!("the validation set is empty");
-    }
-    let c = count as f64;
-    Ok((
-        (loss / c) as f32,
-        (top1 as f64 / c) as f32,
-        (top5 as f64 / c) as f32,
-        (c / started.elapsed().as_secs_f64()) as f32,
-    ))
+    Ok(sums)
 }
 
 fn to_named(v: Vec<(String, Vec<usize>, Vec<f32>)>) -> Result<Vec<NamedTensor>> {

@@ -243,3 +243,58 @@ pub fn bench(
     }
     Ok(())
 }
+
+/// `--bucket-mb` in bytes.
+pub fn bucket_bytes(mib: f64) -> Result<usize> {
+    if !(mib.is_finite() && mib >= 0.0) {
+        bail!("--bucket-mb: must be a size ≥ 0 in MiB, got {mib}");
+    }
+    Ok((mib * (1u64 << 20) as f64) as usize)
+}
+
+/// `host bench CONFIG --gpus N` / `--devices 0,2`: data-parallel images/s,
+/// scaling efficiency against one GPU at the same per-GPU batch, and the
+/// time spent waiting for communication, at each per-GPU batch size. One
+/// GPU runs the plain single-GPU benchmark.
+pub fn bench_gpus(
+    config: &Path,
+    batches: &[usize],
+    steps: usize,
+    precision: Option<crate::config::Precision>,
+    (gpus, devices): (Option<usize>, Option<&[usize]>),
+    bucket_bytes: usize,
+    json: Option<&Path>,
+) -> Result<()> {
+    let mut cfg = crate::config::load(config)?;
+    if let Some(p) = precision {
+        cfg.train.precision = p;
+    }
+    if batches.contains(&0) || steps == 0 {
+        bail!("--batch-size and --steps must be ≥ 1");
+    }
+    let visible = crate::multi_gpu::visible_gpus()?;
+    let devices = crate::multi_gpu::select_devices(gpus, devices, 0, visible)?;
+    let text = if devices.len() == 1 {
+        let mut be = CudaBackend::new(devices[0])?;
+        be.set_precision(cfg.train.precision)?;
+        let mut results = Vec::new();
+        for &b in batches {
+            let r = crate::bench::bench(&be, &cfg, b, steps, false)?;
+            r.print();
+            results.push(r);
+        }
+        serde_json::to_string_pretty(&results)?
+    } else {
+        let mut results = Vec::new();
+        for &b in batches {
+            let r = crate::multi_gpu::bench_data_parallel(&cfg, &devices, b, steps, bucket_bytes)?;
+            r.print();
+            results.push(r);
+        }
+        serde_json::to_string_pretty(&results)?
+    };
+    if let Some(path) = json {
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

@@ -58,7 +58,14 @@ struct ConfigFile {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
+    /// The global batch: with `gpus` GPUs each takes `batch_size / gpus`
+    /// samples of it (which must divide evenly), and their gradients are
+    /// averaged, so the update is that of one GPU on the whole batch.
     pub batch_size: usize,
+    /// GPUs to train on, data-parallel (default 1; `--gpus`/`--devices`
+    /// override it).
+    #[serde(default = "one")]
+    pub gpus: usize,
     pub epochs: usize,
     /// Initial learning rate.
     pub lr: f32,
@@ -262,6 +269,16 @@ fn positive_int(path: &str, value: usize) -> Result<(), Invalid> {
 
 fn check_train(t: &TrainConfig) -> Result<(), Invalid> {
     positive_int("train.batch_size", t.batch_size)?;
+    positive_int("train.gpus", t.gpus)?;
+    if !t.batch_size.is_multiple_of(t.gpus) {
+        return invalid(
+            "train.batch_size",
+            format!(
+                "{} is not divisible by train.gpus ({}): the batch is global and each GPU takes an equal share",
+                t.batch_size, t.gpus
+            ),
+        );
+    }
     positive_int("train.epochs", t.epochs)?;
     require("train.lr", t.lr, t.lr > 0.0, "> 0")?;
     let momentum_ok = (0.0..1.0).contains(&t.momentum);
