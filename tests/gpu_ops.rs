@@ -808,8 +808,11 @@ fn softmax_xent_forward(c: &mut Ctx) -> Result<()> {
             &want_p,
             1e-5,
         );
-        // Losses of confident samples are ~0; below 1e-3·√n compare absolutely.
-        let floor = 1e-3 * (n as f64).sqrt();
+        // `ln` of the softmax denominator comes from PTX `lg2.approx`, whose
+        // absolute error is ≤ 2^-22 (≈ 2.4e-7, ≈ 3.4e-7 was seen on one
+        // sample): losses are held to 1e-5 relative, but never tighter than
+        // 5e-7 absolute per sample (floor 0.05·√n).
+        let floor = 0.05 * (n as f64).sqrt();
         c.check_floor(
             "softmax_xent_forward",
             &format!("{case} loss"),
