@@ -27,6 +27,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   run devices "$here/bin/host" devices
   run gpu_ops "$here/bin/gpu_ops"
+  run gpu_multi "$here/bin/gpu_multi"
   # A short GPU training run (needs configs/ from the repository root).
   if [ -f configs/tiny.json ]; then
     run train-tiny "$here/bin/host" train configs/tiny.json --device cuda --out "$logs/runs" --quiet
