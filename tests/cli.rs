@@ -106,12 +106,7 @@ fn model(trained: &Trained, batch: usize) -> Model<CpuBackend> {
     let cfg = tiny_config(trained);
     let ckpt = host::checkpoint::load(&trained.checkpoint).unwrap();
     let mut m = Model::new(&CpuBackend, &cfg.model, batch, 0).unwrap();
-    let weights: Vec<_> = ckpt
-        .tensors
-        .iter()
-        .map(|t| (t.name.clone(), t.shape.clone(), t.data.clone()))
-        .collect();
-    m.upload_params(&CpuBackend, &weights, false).unwrap();
+    m.upload_params(&CpuBackend, &ckpt.tensors, false).unwrap();
     m
 }
 

@@ -275,7 +275,7 @@ fn grads_of<B: Backend>(be: &B, m: &Model<B>) -> Result<Vec<(String, Vec<f32>)>>
 fn weights_of<B: Backend>(be: &B, m: &Model<B>) -> Result<Vec<(String, Vec<f32>)>> {
     Ok(m.download_params(be, false)?
         .into_iter()
-        .map(|(n, _, d)| (n, d))
+        .map(|t| (t.name, t.data))
         .collect())
 }
 

@@ -935,8 +935,14 @@ fn train_steps(c: &mut Ctx) -> Result<()> {
     }
     let want = cpu_model.download_params(&c.cpu, false)?;
     let got = gpu_model.download_params(&c.gpu, false)?;
-    for ((name, _, w), (_, _, g)) in want.iter().zip(&got) {
-        c.check("train_steps", &format!("after 4 steps {name}"), g, w, 1e-4);
+    for (w, g) in want.iter().zip(&got) {
+        c.check(
+            "train_steps",
+            &format!("after 4 steps {}", w.name),
+            &g.data,
+            &w.data,
+            1e-4,
+        );
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal};
 
 use crate::backend::*;
+use crate::checkpoint::NamedTensor;
 use crate::config::{LayerKind, LayerSpec, ModelSpec};
 
 /// One parameter tensor with its gradient and momentum.
@@ -356,39 +357,28 @@ impl<B: Backend> Model<B> {
     }
 
     /// Downloads every parameter (or, with `momentum`, its momentum buffer).
-    pub fn download_params(
-        &self,
-        be: &B,
-        momentum: bool,
-    ) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+    pub fn download_params(&self, be: &B, momentum: bool) -> Result<Vec<NamedTensor>> {
         self.params
             .iter()
             .map(|p| {
-                Ok((
-                    p.name.clone(),
-                    p.shape.clone(),
-                    be.download(if momentum { &p.momentum } else { &p.value })?,
-                ))
+                let data = be.download(if momentum { &p.momentum } else { &p.value })?;
+                NamedTensor::new(p.name.clone(), p.shape.clone(), data)
             })
             .collect()
     }
 
     /// Overwrites parameters (or momentum buffers) by name; every parameter
     /// must be given, with its exact shape.
-    pub fn upload_params(
-        &mut self,
-        be: &B,
-        tensors: &[(String, Vec<usize>, Vec<f32>)],
-        momentum: bool,
-    ) -> Result<()> {
+    pub fn upload_params(&mut self, be: &B, tensors: &[NamedTensor], momentum: bool) -> Result<()> {
         for p in &mut self.params {
-            let Some((_, shape, data)) = tensors.iter().find(|(n, _, _)| *n == p.name) else {
+            let Some(t) = tensors.iter().find(|t| t.name == p.name) else {
                 bail!("{} is missing", p.name);
             };
-            if *shape != p.shape {
+            if t.shape != p.shape {
                 bail!(
-                    "{} has shape {shape:?}, the model expects {:?}",
+                    "{} has shape {:?}, the model expects {:?}",
                     p.name,
+                    t.shape,
                     p.shape
                 );
             }
@@ -398,7 +388,7 @@ impl<B: Backend> Model<B> {
                 } else {
                     &mut p.value
                 },
-                data,
+                &t.data,
             )?;
         }
         Ok(())

@@ -364,7 +364,7 @@ impl EvalSums {
 }
 
 /// Named parameter tensors as `(name, shape, values)`, what checkpoints hold.
-pub type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+pub type Tensors = Vec<NamedTensor>;
 
 /// What the training loop drives: the network's replicas, their parameters
 /// and their data. Every call concerns the whole (global) batch.
@@ -376,11 +376,7 @@ pub trait Engine {
     /// Global batches in one epoch.
     fn batches_per_epoch(&self) -> usize;
     /// Overwrites the parameters (or momentum buffers) by name.
-    fn load_params(
-        &mut self,
-        tensors: &[(String, Vec<usize>, Vec<f32>)],
-        momentum: bool,
-    ) -> Result<()>;
+    fn load_params(&mut self, tensors: &[NamedTensor], momentum: bool) -> Result<()>;
     /// The parameters (or momentum buffers), as the checkpoint stores them.
     fn save_params(&mut self, momentum: bool) -> Result<Tensors>;
     /// Positions the data at batch `first_batch` of `epoch`.
@@ -440,11 +436,7 @@ impl<B: Backend> Engine for Single<'_, B> {
     fn batches_per_epoch(&self) -> usize {
         self.loader.batches_per_epoch()
     }
-    fn load_params(
-        &mut self,
-        tensors: &[(String, Vec<usize>, Vec<f32>)],
-        momentum: bool,
-    ) -> Result<()> {
+    fn load_params(&mut self, tensors: &[NamedTensor], momentum: bool) -> Result<()> {
         self.model.upload_params(self.be, tensors, momentum)
     }
     fn save_params(&mut self, momentum: bool) -> Result<Tensors> {
@@ -523,7 +515,7 @@ pub fn run<E: Engine>(engine: &mut E, cfg: Config, opts: &TrainOptions) -> Resul
         };
         c.validate(path, cfg.model.param_shapes())?;
         engine
-            .load_params(&as_triples(&c.tensors), false)
+            .load_params(&c.tensors, false)
             .with_context(|| format!("{}", path.display()))?;
         println!("initial weights from {}", path.display());
     }
@@ -531,11 +523,11 @@ pub fn run<E: Engine>(engine: &mut E, cfg: Config, opts: &TrainOptions) -> Resul
         let c = checkpoint::load(path)?;
         c.validate(path, cfg.model.param_shapes())?;
         engine
-            .load_params(&as_triples(&c.tensors), false)
+            .load_params(&c.tensors, false)
             .with_context(|| format!("{}", path.display()))?;
         if !c.momentum.is_empty() {
             engine
-                .load_params(&as_triples(&c.momentum), true)
+                .load_params(&c.momentum, true)
                 .with_context(|| format!("{}", path.display()))?;
         }
         step = c.meta.step;
@@ -565,8 +557,8 @@ pub fn run<E: Engine>(engine: &mut E, cfg: Config, opts: &TrainOptions) -> Resul
                 lr,
                 sched: &ScheduleState|
      -> Result<PathBuf> {
-        let tensors = to_named(engine.save_params(false)?)?;
-        let momentum = to_named(engine.save_params(true)?)?;
+        let tensors = engine.save_params(false)?;
+        let momentum = engine.save_params(true)?;
         let meta = CheckpointMeta {
             step,
             epoch,
@@ -657,7 +649,7 @@ pub fn run<E: Engine>(engine: &mut E, cfg: Config, opts: &TrainOptions) -> Resul
         first_batch = 0;
         epoch += 1;
         let last = epoch as usize == t.epochs;
-        if epoch as usize % t.eval_every == 0 || last {
+        if (epoch as usize).is_multiple_of(t.eval_every) || last {
             let eval_started = Instant::now();
             let sums = engine.evaluate()?;
             let (l, top1, top5) = sums.means()?;
@@ -689,15 +681,15 @@ pub fn run<E: Engine>(engine: &mut E, cfg: Config, opts: &TrainOptions) -> Resul
                     max_drops,
                     ..
                 } = t.lr_schedule
+                    && sched.evals_without_improvement >= patience
+                    && sched.drops < max_drops
                 {
-                    if sched.evals_without_improvement >= patience && sched.drops < max_drops {
-                        sched.drops += 1;
-                        sched.evals_without_improvement = 0;
-                        println!(
-                            "validation top-1 stopped improving: learning rate now {:.2e}",
-                            lr_at(&cfg, epoch, &sched)
-                        );
-                    }
+                    sched.drops += 1;
+                    sched.evals_without_improvement = 0;
+                    println!(
+                        "validation top-1 stopped improving: learning rate now {:.2e}",
+                        lr_at(&cfg, epoch, &sched)
+                    );
                 }
             }
             if let Err(e) = report::plot_curves(&run_dir) {
@@ -706,7 +698,7 @@ pub fn run<E: Engine>(engine: &mut E, cfg: Config, opts: &TrainOptions) -> Resul
         }
         let stop_now =
             opts.stop.load(Ordering::SeqCst) || opts.max_steps.is_some_and(|m| step >= m);
-        if epoch as usize % t.checkpoint_every == 0 || last || stop_now {
+        if (epoch as usize).is_multiple_of(t.checkpoint_every) || last || stop_now {
             last_ckpt = Some(save(
                 engine,
                 step,
@@ -785,16 +777,4 @@ pub fn eval_sums<B: Backend>(be: &B, model: &mut Model<B>, loader: &Loader) -> R
         sums.count += n;
     }
     Ok(sums)
-}
-
-fn to_named(v: Vec<(String, Vec<usize>, Vec<f32>)>) -> Result<Vec<NamedTensor>> {
-    v.into_iter()
-        .map(|(n, s, d)| NamedTensor::new(n, s, d))
-        .collect()
-}
-
-fn as_triples(v: &[NamedTensor]) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    v.iter()
-        .map(|t| (t.name.clone(), t.shape.clone(), t.data.clone()))
-        .collect()
 }

@@ -141,13 +141,7 @@ pub fn load_trained(path: &Path, config: Option<&Path>) -> Result<Trained> {
 pub fn model_from<B: Backend>(be: &B, trained: &Trained, batch: usize) -> Result<Model<B>> {
     let cfg = &trained.config;
     let mut model = Model::new(be, &cfg.model, batch, cfg.train.seed)?;
-    let weights: Vec<_> = trained
-        .checkpoint
-        .tensors
-        .iter()
-        .map(|t| (t.name.clone(), t.shape.clone(), t.data.clone()))
-        .collect();
-    model.upload_params(be, &weights, false)?;
+    model.upload_params(be, &trained.checkpoint.tensors, false)?;
     Ok(model)
 }
 

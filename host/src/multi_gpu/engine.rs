@@ -30,6 +30,7 @@ use super::nccl::{NcclId, NcclReducer, nccl_unavailable_reason};
 use super::{Replica, per_rank_batch};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{Backend, SgdParams};
+use crate::checkpoint::NamedTensor;
 use crate::config::{Config, ModelSpec};
 use crate::data::{Epoch, Loader};
 use crate::multi_gpu::Reducer;
@@ -339,11 +340,7 @@ impl Engine for DataParallel {
     fn batches_per_epoch(&self) -> usize {
         self.per_epoch
     }
-    fn load_params(
-        &mut self,
-        tensors: &[(String, Vec<usize>, Vec<f32>)],
-        momentum: bool,
-    ) -> Result<()> {
+    fn load_params(&mut self, tensors: &[NamedTensor], momentum: bool) -> Result<()> {
         let tensors = Arc::new(tensors.to_vec());
         self.all(Cmd::Load { tensors, momentum }).map(drop)
     }

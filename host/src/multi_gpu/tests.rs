@@ -236,7 +236,7 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
-type Params = Vec<(String, Vec<usize>, Vec<f32>)>;
+type Params = Vec<crate::checkpoint::NamedTensor>;
 
 /// What each replica reports: gradients after the first step (before its
 /// SGD update), and parameters after every step.
@@ -354,8 +354,9 @@ fn replicas_match_one_model() {
             );
         }
         for (step, want) in single.params.iter().enumerate() {
-            for (j, (name, _, w)) in want.iter().enumerate() {
-                let e = rel_err(&ranks[0].params[step][j].2, w);
+            for (j, t) in want.iter().enumerate() {
+                let (name, w) = (&t.name, &t.data);
+                let e = rel_err(&ranks[0].params[step][j].data, w);
                 assert!(
                     e < 2e-6,
                     "{world} replicas, step {step}, {name}: rel. error {e:.2e}"

@@ -34,7 +34,11 @@ struct ConvShape {
 unsafe impl DeviceRepr for ConvShape {}
 
 fn shape(g: &ConvGeom) -> Result<ConvShape> {
-    if g.groups == 0 || g.c_in % g.groups != 0 || g.c_out % g.groups != 0 || g.stride == 0 {
+    if g.groups == 0
+        || !g.c_in.is_multiple_of(g.groups)
+        || !g.c_out.is_multiple_of(g.groups)
+        || g.stride == 0
+    {
         bail!("invalid convolution {g:?}: channels must divide by groups, stride ≥ 1");
     }
     if g.h + 2 * g.pad < g.k_h || g.w + 2 * g.pad < g.k_w {
