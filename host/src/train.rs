@@ -406,7 +406,17 @@ impl<'a, B: Backend> Single<'a, B> {
     pub fn new(be: &'a B, cfg: &Config, data: &RunData) -> Result<Self> {
         let loader = Loader::new(data.train.clone(), data.train_loader.clone())?;
         let val_loader = Loader::new(data.val.clone(), data.val_loader.clone())?;
-        let model = Model::new(be, &cfg.model, cfg.train.batch_size, cfg.train.seed)?;
+        let batch = cfg.train.batch_size;
+        let model = Model::new(be, &cfg.model, batch, cfg.train.seed).map_err(|e| {
+            if e.to_string().contains("out of GPU memory") && batch > 1 {
+                e.context(format!(
+                    "batch {batch} does not fit; try --batch-size {}",
+                    batch / 2
+                ))
+            } else {
+                e
+            }
+        })?;
         Ok(Self {
             be,
             model,
