@@ -45,6 +45,23 @@ impl ConvGeom {
     pub fn w_len(&self) -> usize {
         self.c_out * (self.c_in / self.groups) * self.k_h * self.k_w
     }
+    /// An error unless groups divide both channel counts, stride ≥ 1 and the
+    /// kernel fits the padded input.
+    pub fn check(&self) -> Result<()> {
+        let g = self;
+        if g.groups == 0
+            || !g.c_in.is_multiple_of(g.groups)
+            || !g.c_out.is_multiple_of(g.groups)
+            || g.stride == 0
+        {
+            anyhow::bail!("invalid convolution {g:?}: channels must divide by groups, stride ≥ 1");
+        }
+        if g.h + 2 * g.pad < g.k_h || g.w + 2 * g.pad < g.k_w {
+            anyhow::bail!("invalid convolution {g:?}: the kernel is larger than the padded input");
+        }
+        Ok(())
+    }
+
     /// Multiply-adds of the forward pass (each backward pass does as many).
     pub fn macs(&self) -> usize {
         self.y_len() * (self.c_in / self.groups) * self.k_h * self.k_w

@@ -18,6 +18,18 @@ mod tests;
 
 use super::*;
 
+/// Checks that each buffer holds exactly the floats its shape needs.
+fn lens(op: &str, bufs: &[(&Vec<f32>, usize)]) -> Result<()> {
+    for (i, (b, want)) in bufs.iter().enumerate() {
+        anyhow::ensure!(
+            b.len() == *want,
+            "{op}: operand {i} holds {} floats, the shape needs {want}",
+            b.len()
+        );
+    }
+    Ok(())
+}
+
 /// The CPU backend. Buffers are `Vec<f32>`; nothing is asynchronous.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend;
@@ -76,6 +88,16 @@ impl Backend for CpuBackend {
         bias: &Vec<f32>,
         y: &mut Vec<f32>,
     ) -> Result<()> {
+        g.check()?;
+        lens(
+            "conv_forward",
+            &[
+                (x, g.x_len()),
+                (w, g.w_len()),
+                (bias, g.c_out),
+                (y, g.y_len()),
+            ],
+        )?;
         conv::conv_forward(g, x, w, bias, y);
         Ok(())
     }
@@ -86,6 +108,11 @@ impl Backend for CpuBackend {
         w: &Vec<f32>,
         dx: &mut Vec<f32>,
     ) -> Result<()> {
+        g.check()?;
+        lens(
+            "conv_backward_data",
+            &[(dy, g.y_len()), (w, g.w_len()), (dx, g.x_len())],
+        )?;
         conv::conv_backward_data(g, dy, w, dx);
         Ok(())
     }
@@ -96,10 +123,17 @@ impl Backend for CpuBackend {
         dy: &Vec<f32>,
         dw: &mut Vec<f32>,
     ) -> Result<()> {
+        g.check()?;
+        lens(
+            "conv_backward_filter",
+            &[(x, g.x_len()), (dy, g.y_len()), (dw, g.w_len())],
+        )?;
         conv::conv_backward_filter(g, x, dy, dw);
         Ok(())
     }
     fn conv_backward_bias(&self, g: &ConvGeom, dy: &Vec<f32>, db: &mut Vec<f32>) -> Result<()> {
+        g.check()?;
+        lens("conv_backward_bias", &[(dy, g.y_len()), (db, g.c_out)])?;
         conv::conv_backward_bias(g, dy, db);
         Ok(())
     }
@@ -111,6 +145,15 @@ impl Backend for CpuBackend {
         b: &Vec<f32>,
         y: &mut Vec<f32>,
     ) -> Result<()> {
+        lens(
+            "fc_forward",
+            &[
+                (x, g.n * g.inputs),
+                (w, g.outputs * g.inputs),
+                (b, g.outputs),
+                (y, g.n * g.outputs),
+            ],
+        )?;
         gemm::fc_forward(g, x, w, b, y);
         Ok(())
     }
@@ -121,6 +164,14 @@ impl Backend for CpuBackend {
         w: &Vec<f32>,
         dx: &mut Vec<f32>,
     ) -> Result<()> {
+        lens(
+            "fc_backward_data",
+            &[
+                (dy, g.n * g.outputs),
+                (w, g.outputs * g.inputs),
+                (dx, g.n * g.inputs),
+            ],
+        )?;
         gemm::fc_backward_data(g, dy, w, dx);
         Ok(())
     }
@@ -131,10 +182,22 @@ impl Backend for CpuBackend {
         dy: &Vec<f32>,
         dw: &mut Vec<f32>,
     ) -> Result<()> {
+        lens(
+            "fc_backward_filter",
+            &[
+                (x, g.n * g.inputs),
+                (dy, g.n * g.outputs),
+                (dw, g.outputs * g.inputs),
+            ],
+        )?;
         gemm::fc_backward_filter(g, x, dy, dw);
         Ok(())
     }
     fn fc_backward_bias(&self, g: &FcGeom, dy: &Vec<f32>, db: &mut Vec<f32>) -> Result<()> {
+        lens(
+            "fc_backward_bias",
+            &[(dy, g.n * g.outputs), (db, g.outputs)],
+        )?;
         gemm::fc_backward_bias(g, dy, db);
         Ok(())
     }
@@ -153,6 +216,10 @@ impl Backend for CpuBackend {
         y: &mut Vec<f32>,
         scale: &mut Vec<f32>,
     ) -> Result<()> {
+        lens(
+            "lrn_forward",
+            &[(x, p.len()), (y, p.len()), (scale, p.len())],
+        )?;
         lrn::lrn_forward(p, x, y, scale);
         Ok(())
     }
@@ -165,10 +232,21 @@ impl Backend for CpuBackend {
         dy: &Vec<f32>,
         dx: &mut Vec<f32>,
     ) -> Result<()> {
+        lens(
+            "lrn_backward",
+            &[
+                (x, p.len()),
+                (y, p.len()),
+                (scale, p.len()),
+                (dy, p.len()),
+                (dx, p.len()),
+            ],
+        )?;
         lrn::lrn_backward(p, x, y, scale, dy, dx);
         Ok(())
     }
     fn maxpool_forward(&self, g: &PoolGeom, x: &Vec<f32>, y: &mut Vec<f32>) -> Result<()> {
+        lens("maxpool_forward", &[(x, g.x_len()), (y, g.y_len())])?;
         pool::maxpool_forward(g, x, y);
         Ok(())
     }
@@ -180,6 +258,15 @@ impl Backend for CpuBackend {
         dy: &Vec<f32>,
         dx: &mut Vec<f32>,
     ) -> Result<()> {
+        lens(
+            "maxpool_backward",
+            &[
+                (x, g.x_len()),
+                (y, g.y_len()),
+                (dy, g.y_len()),
+                (dx, g.x_len()),
+            ],
+        )?;
         pool::maxpool_backward(g, x, y, dy, dx);
         Ok(())
     }

@@ -645,3 +645,40 @@ fn sgd_rules_hand_computed() {
     assert_close("paper v", &v, &[0.129, -0.023], 1e-6);
     assert_close("paper w", &w, &[1.129, -2.023], 1e-6);
 }
+
+#[test]
+fn backend_rejects_wrong_lengths_and_bad_geometry_with_errors() {
+    use crate::backend::Backend;
+    let be = super::CpuBackend;
+    let g = ConvGeom {
+        n: 1,
+        c_in: 2,
+        h: 5,
+        w: 5,
+        c_out: 4,
+        k_h: 3,
+        k_w: 3,
+        stride: 1,
+        pad: 1,
+        groups: 2,
+    };
+    let (x, w, b) = (
+        vec![0.0; g.x_len()],
+        vec![0.0; g.w_len()],
+        vec![0.0; g.c_out],
+    );
+    let mut y = vec![0.0; g.y_len() - 1];
+    let e = be
+        .conv_forward(&g, &x, &w, &b, &mut y)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("conv_forward") && e.contains("operand 3"), "{e}");
+    let bad = ConvGeom { groups: 3, ..g };
+    let mut y = vec![0.0; g.y_len()];
+    assert!(
+        be.conv_forward(&bad, &x, &w, &b, &mut y)
+            .unwrap_err()
+            .to_string()
+            .contains("groups")
+    );
+}

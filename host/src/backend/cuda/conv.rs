@@ -10,7 +10,7 @@
 use super::gemm::tiles;
 use super::{CudaBackend, check_len, grid_1d, launch};
 use crate::backend::ConvGeom;
-use anyhow::{Result, bail};
+use anyhow::Result;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
 /// Mirror of `gpu_kernels::conv::ConvShape` (passed by value).
@@ -34,16 +34,7 @@ struct ConvShape {
 unsafe impl DeviceRepr for ConvShape {}
 
 fn shape(g: &ConvGeom) -> Result<ConvShape> {
-    if g.groups == 0
-        || !g.c_in.is_multiple_of(g.groups)
-        || !g.c_out.is_multiple_of(g.groups)
-        || g.stride == 0
-    {
-        bail!("invalid convolution {g:?}: channels must divide by groups, stride ≥ 1");
-    }
-    if g.h + 2 * g.pad < g.k_h || g.w + 2 * g.pad < g.k_w {
-        bail!("invalid convolution {g:?}: the kernel is larger than the padded input");
-    }
+    g.check()?;
     Ok(ConvShape {
         n: g.n as u32,
         c_in: g.c_in as u32,
