@@ -43,6 +43,24 @@ pub enum DeviceChoice {
     Cuda,
 }
 
+impl DeviceChoice {
+    /// Whether to run on the GPU: `Auto` says on stderr why not when no GPU
+    /// is usable, then falls back to the CPU backend.
+    pub fn use_gpu(self) -> bool {
+        match self {
+            DeviceChoice::Cpu => false,
+            DeviceChoice::Cuda => true,
+            DeviceChoice::Auto => match cuda::unavailable_reason() {
+                None => true,
+                Some(why) => {
+                    eprintln!("no usable GPU ({why}); running on the CPU backend, which is slow");
+                    false
+                }
+            },
+        }
+    }
+}
+
 /// Command-line overrides and run controls.
 #[derive(Clone, Debug)]
 pub struct TrainOptions {
@@ -266,17 +284,7 @@ pub fn train(cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
 
 /// One model on one backend (no NCCL involved).
 fn train_single(cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
-    let use_gpu = match opts.device {
-        DeviceChoice::Cpu => false,
-        DeviceChoice::Cuda => true,
-        DeviceChoice::Auto => match cuda::unavailable_reason() {
-            None => true,
-            Some(why) => {
-                eprintln!("no usable GPU ({why}); training on the CPU backend, which is slow");
-                false
-            }
-        },
-    };
+    let use_gpu = opts.device.use_gpu();
     if use_gpu {
         let mut be = CudaBackend::new(opts.gpu)?;
         be.set_precision(cfg.train.precision)?;

@@ -98,17 +98,7 @@ pub trait BackendJob {
 /// Runs `job` on the backend `device` picks: `cuda` (GPU `gpu`), `cpu`, or
 /// `auto` (the GPU when one is usable, else the CPU with a note on stderr).
 pub fn on_backend<J: BackendJob>(device: DeviceChoice, gpu: usize, job: J) -> Result<J::Output> {
-    let use_gpu = match device {
-        DeviceChoice::Cpu => false,
-        DeviceChoice::Cuda => true,
-        DeviceChoice::Auto => match cuda::unavailable_reason() {
-            None => true,
-            Some(why) => {
-                eprintln!("no usable GPU ({why}); running on the CPU backend");
-                false
-            }
-        },
-    };
+    let use_gpu = device.use_gpu();
     if use_gpu {
         let be = CudaBackend::new(gpu).with_context(|| format!("GPU {gpu}"))?;
         job.run(&be)
@@ -200,7 +190,6 @@ pub fn bench(
     json: Option<&std::path::Path>,
 ) -> Result<()> {
     use crate::backend::cpu::CpuBackend;
-    use crate::train::DeviceChoice;
     let mut cfg = crate::config::load(config)?;
     if let Some(p) = precision {
         cfg.train.precision = p;
@@ -208,17 +197,7 @@ pub fn bench(
     if batches.contains(&0) || steps == 0 {
         anyhow::bail!("--batch-size and --steps must be ≥ 1");
     }
-    let use_gpu = match device {
-        DeviceChoice::Cpu => false,
-        DeviceChoice::Cuda => true,
-        DeviceChoice::Auto => match cuda::unavailable_reason() {
-            None => true,
-            Some(why) => {
-                eprintln!("no usable GPU ({why}); benchmarking the CPU backend");
-                false
-            }
-        },
-    };
+    let use_gpu = device.use_gpu();
     let mut results = Vec::new();
     for &b in batches {
         let r = if use_gpu {
