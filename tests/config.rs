@@ -310,6 +310,7 @@ const BAD: &[(&str, &str, &str)] = &[
     ("wrong-type-flip", "data.augment.flip", "invalid type: string \"yes\", expected a boolean"),
     ("wrong-type-mean-value", "data.augment.mean[0]", "invalid type: string \"a\""),
     ("zero-input-height", "model.input.height", "must be ≥ 1, got 0"),
+    ("erase-above-one", "data.augment.erase", "must be in [0, 1], got 1.5"),
     ("zero-std", "data.augment.std[1]", "must be > 0, got 0"),
 ];
 

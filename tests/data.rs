@@ -1051,3 +1051,83 @@ fn open_train_val_synthetic_and_folder() {
     );
     assert!(err.contains("missing"), "{err}");
 }
+
+#[test]
+fn random_erasing_fills_one_rectangle_with_noise() {
+    // A constant image: every changed value belongs to the erased rectangle.
+    let (c, side) = (2, 20);
+    let sample = Sample {
+        pixels: Pixels::U8(vec![255; c * side * side]),
+        label: 0,
+    };
+    let base = Augment::eval(side, Normalize::unit());
+    let aug = Augment {
+        erase: 1.0,
+        ..base.clone()
+    };
+    let mut clean = vec![0.0; c * side * side];
+    base.apply(
+        &sample,
+        [c, side, side],
+        &mut StdRng::seed_from_u64(0),
+        &mut clean,
+    )
+    .unwrap();
+    let mut areas = Vec::new();
+    for seed in 0..200 {
+        let mut out = vec![0.0; c * side * side];
+        aug.apply(
+            &sample,
+            [c, side, side],
+            &mut StdRng::seed_from_u64(seed),
+            &mut out,
+        )
+        .unwrap();
+        let changed: Vec<usize> = (0..side * side).filter(|&i| out[i] != clean[i]).collect();
+        // Same rectangle in every channel, values in [0, 1).
+        for ch in 1..c {
+            let other: Vec<usize> = (0..side * side)
+                .filter(|&i| out[ch * side * side + i] != clean[i])
+                .collect();
+            assert_eq!(changed, other, "seed {seed}: channels erased differently");
+        }
+        assert!(out.iter().all(|v| (0.0..=1.0).contains(v)));
+        if changed.is_empty() {
+            continue;
+        }
+        let rows: HashSet<usize> = changed.iter().map(|i| i / side).collect();
+        let cols: HashSet<usize> = changed.iter().map(|i| i % side).collect();
+        // A value can coincide with the clean 1.0 only with probability ~0,
+        // so the changed set is the whole rectangle.
+        assert_eq!(
+            changed.len(),
+            rows.len() * cols.len(),
+            "seed {seed}: not a rectangle"
+        );
+        areas.push(changed.len() as f32 / (side * side) as f32);
+    }
+    assert!(
+        areas.len() > 180,
+        "erasing applied to {} of 200 views",
+        areas.len()
+    );
+    let (lo, hi) = areas
+        .iter()
+        .fold((1.0f32, 0.0f32), |(l, h), &a| (l.min(a), h.max(a)));
+    assert!(
+        lo >= 0.01 && hi <= 0.45,
+        "erased areas {lo}..{hi} outside 2–40% (± rounding)"
+    );
+    assert!(hi - lo > 0.2, "erased areas do not vary: {lo}..{hi}");
+    let never = Augment { erase: 0.0, ..base };
+    let mut out = vec![0.0; c * side * side];
+    never
+        .apply(
+            &sample,
+            [c, side, side],
+            &mut StdRng::seed_from_u64(1),
+            &mut out,
+        )
+        .unwrap();
+    assert_eq!(out, clean);
+}

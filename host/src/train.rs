@@ -203,6 +203,7 @@ pub fn train_augment(cfg: &Config) -> data::Augment {
     aug.flip = a.flip;
     aug.pca_sigma = a.pca_noise;
     aug.pad = a.pad;
+    aug.erase = a.erase;
     aug
 }
 

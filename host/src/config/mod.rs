@@ -168,7 +168,8 @@ pub enum DataSource {
 /// [0, 255]. Training: pad by `pad` zeros on each side, take a random
 /// `crop × crop` window, mirror it with probability ½ if `flip`, add PCA
 /// colour noise with standard deviation `pca_noise`, then subtract `mean`
-/// and divide by `std` per channel. Evaluation: the centre `crop` window of
+/// and divide by `std` per channel, then with probability `erase` fill one
+/// random rectangle with noise (random erasing). Evaluation: the centre `crop` window of
 /// the unpadded image, then the same normalisation.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -190,6 +191,10 @@ pub struct Augment {
     /// Per-channel divisors applied after subtracting `mean`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub std: Option<Vec<f32>>,
+    /// Probability of random erasing (one random rectangle of 2–40% of the
+    /// crop filled with noise); 0 disables it.
+    #[serde(default)]
+    pub erase: f32,
 }
 
 fn one() -> usize {
@@ -339,6 +344,13 @@ fn check_data(d: &DataConfig, model: &ModelSpec) -> Result<(), Invalid> {
     }
     let noise = a.pca_noise;
     require("data.augment.pca_noise", noise, noise >= 0.0, "≥ 0")?;
+    let erase = a.erase;
+    require(
+        "data.augment.erase",
+        erase,
+        (0.0..=1.0).contains(&erase),
+        "in [0, 1]",
+    )?;
     if noise > 0.0 && channels != 3 {
         return invalid(
             "data.augment.pca_noise",

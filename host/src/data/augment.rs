@@ -15,9 +15,14 @@
 //! pixel's RGB value. It applies to 3-channel images only; for other channel
 //! counts it is left out.
 //!
-//! Randomness: one sample's crop offsets, mirror flag and α come from the
-//! generator the caller passes, drawn in that order, so a seeded generator
-//! gives the same output every time.
+//! Random erasing (Zhong et al. 2017, "Random Erasing Data Augmentation"):
+//! with probability `erase`, one rectangle of the crop covering 2–40% of its
+//! area, aspect ratio in [0.3, 3.3] (log-uniform), is filled with uniform
+//! random pixel values (`[0, 1]` units, through the same affine map).
+//!
+//! Randomness: one sample's crop offsets, mirror flag, α and erasing draws
+//! come from the generator the caller passes, drawn in that order, so a
+//! seeded generator gives the same output every time.
 
 use anyhow::{Result, bail};
 use rand::Rng;
@@ -132,6 +137,8 @@ pub struct Augment {
     /// Zero padding added on every side before a random crop (training
     /// only; the CIFAR-style pad-and-crop used for small images).
     pub pad: usize,
+    /// Probability of random erasing (training only); 0 turns it off.
+    pub erase: f32,
 }
 
 impl Augment {
@@ -145,6 +152,7 @@ impl Augment {
             pca_sigma: 0.1,
             normalize,
             pad: 0,
+            erase: 0.0,
         }
     }
 
@@ -157,6 +165,7 @@ impl Augment {
             pca_sigma: 0.0,
             normalize,
             pad: 0,
+            erase: 0.0,
         }
     }
 
@@ -200,6 +209,12 @@ impl Augment {
         if !self.pca_sigma.is_finite() || self.pca_sigma < 0.0 {
             bail!("PCA noise sigma {} must be non-negative", self.pca_sigma);
         }
+        if !(0.0..=1.0).contains(&self.erase) {
+            bail!(
+                "random erasing probability {} must be in [0, 1]",
+                self.erase
+            );
+        }
         Ok([c, self.crop, self.crop])
     }
 
@@ -242,7 +257,42 @@ impl Augment {
                     .sum();
             }
         }
-        self.crop_into(sample, shape, y0, x0, mirror, &shift, out)
+        self.crop_into(sample, shape, y0, x0, mirror, &shift, out)?;
+        if self.erase > 0.0 && rng.random_bool(f64::from(self.erase)) {
+            self.erase_rectangle(c, rng, out);
+        }
+        Ok(())
+    }
+
+    /// Fills one random rectangle of the `[c, crop, crop]` view `out` with
+    /// uniform random pixels (see the module docs); up to ten draws for a
+    /// rectangle that fits, none if all miss.
+    fn erase_rectangle<R: Rng>(&self, c: usize, rng: &mut R, out: &mut [f32]) {
+        let crop = self.crop;
+        let area = (crop * crop) as f32;
+        for _ in 0..10 {
+            let target = area * rng.random_range(0.02f32..0.4);
+            let ratio = rng.random_range(0.3f32.ln()..3.3f32.ln()).exp();
+            let eh = (target * ratio).sqrt().round() as usize;
+            let ew = (target / ratio).sqrt().round() as usize;
+            if eh == 0 || ew == 0 || eh > crop || ew > crop {
+                continue;
+            }
+            let y0 = rng.random_range(0..=crop - eh);
+            let x0 = rng.random_range(0..=crop - ew);
+            let norm = &self.normalize;
+            for ch in 0..c {
+                let a = norm.scale / Normalize::per_channel(&norm.std, ch, 1.0);
+                let b = -Normalize::per_channel(&norm.mean, ch, 0.0) * a;
+                let plane = &mut out[ch * crop * crop..(ch + 1) * crop * crop];
+                for row in plane.chunks_exact_mut(crop).skip(y0).take(eh) {
+                    for v in &mut row[x0..x0 + ew] {
+                        *v = rng.random::<f32>() * a + b;
+                    }
+                }
+            }
+            return;
+        }
     }
 
     /// Writes the ten test views of `sample` (see [`TEN_VIEWS`]) into `out`
