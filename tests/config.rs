@@ -277,6 +277,7 @@ const BAD: &[(&str, &str, &str)] = &[
     ("duplicate-layer-names", "model.layers[4].name", "duplicate layer name \"conv1\" (also model.layers[0])"),
     ("empty-file", "", "EOF while parsing a value"),
     ("empty-layers", "model.layers", "must not be empty"),
+    ("erase-above-one", "data.augment.erase", "must be in [0, 1], got 1.5"),
     ("filters-not-divisible-by-groups", "model.layers[4].groups", "filters 15 are not divisible by groups 2"),
     ("invalid-json-syntax", "train", "key must be a string"),
     ("invalid-layer-name", "model.layers[4].name", "\"conv.2\" is not a valid layer name"),
@@ -310,7 +311,6 @@ const BAD: &[(&str, &str, &str)] = &[
     ("wrong-type-flip", "data.augment.flip", "invalid type: string \"yes\", expected a boolean"),
     ("wrong-type-mean-value", "data.augment.mean[0]", "invalid type: string \"a\""),
     ("zero-input-height", "model.input.height", "must be ≥ 1, got 0"),
-    ("erase-above-one", "data.augment.erase", "must be in [0, 1], got 1.5"),
     ("zero-std", "data.augment.std[1]", "must be > 0, got 0"),
 ];
 
