@@ -52,6 +52,7 @@
 
 mod bench;
 mod engine;
+mod hybrid;
 mod nccl;
 mod reducer;
 
@@ -65,6 +66,7 @@ use crate::model::Model;
 
 pub use bench::{ScalingResult, bench_data_parallel};
 pub use engine::{DataParallel, on_ranks, train_data_parallel, train_replicated};
+pub use hybrid::{HybridPlan, HybridRank, initial_params, plan_hybrid};
 pub use nccl::{NcclId, NcclReducer, nccl_unavailable_reason, visible_gpus};
 pub use reducer::{HostReducer, Reducer};
 
@@ -182,6 +184,50 @@ struct Bucket {
     params: Range<usize>,
 }
 
+/// The gradient buckets of `model`'s layers, at least `bucket_bytes` each
+/// ([`plan_buckets`] over the layers in backward order).
+fn plan_model_buckets<B: Backend>(be: &B, model: &Model<B>, bucket_bytes: usize) -> Vec<Bucket> {
+    let layers = model.layers.len();
+    let sizes: Vec<usize> = (0..layers)
+        .rev()
+        .map(|i| {
+            model.params[model.param_range(i)]
+                .iter()
+                .map(|p| be.len(&p.value) * 4)
+                .sum()
+        })
+        .collect();
+    plan_buckets(&sizes, bucket_bytes)
+        .into_iter()
+        .map(|positions| {
+            // Positions a..b in backward order are layers L-b ..= L-1-a.
+            let first = layers - positions.end;
+            let last = layers - 1 - positions.start;
+            let ranges: Vec<Range<usize>> = (first..=last)
+                .map(|i| model.param_range(i))
+                .filter(|r| !r.is_empty())
+                .collect();
+            Bucket {
+                after_layer: first,
+                params: ranges[0].start..ranges[ranges.len() - 1].end,
+            }
+        })
+        .collect()
+}
+
+/// The parameter names of each bucket (in the model's order).
+fn bucket_names<B: Backend>(model: &Model<B>, buckets: &[Bucket]) -> Vec<Vec<String>> {
+    buckets
+        .iter()
+        .map(|b| {
+            model.params[b.params.clone()]
+                .iter()
+                .map(|p| p.name.clone())
+                .collect()
+        })
+        .collect()
+}
+
 /// One rank's model and its side of the communication.
 pub struct Replica<B: Backend, R: Reducer<B>> {
     pub model: Model<B>,
@@ -203,32 +249,7 @@ impl<B: Backend, R: Reducer<B>> Replica<B, R> {
         bucket_bytes: usize,
     ) -> Result<Self> {
         let model = Model::new(be, spec, batch, seed)?;
-        let layers = model.layers.len();
-        let sizes: Vec<usize> = (0..layers)
-            .rev()
-            .map(|i| {
-                model.params[model.param_range(i)]
-                    .iter()
-                    .map(|p| be.len(&p.value) * 4)
-                    .sum()
-            })
-            .collect();
-        let buckets = plan_buckets(&sizes, bucket_bytes)
-            .into_iter()
-            .map(|positions| {
-                // Positions a..b in backward order are layers L-b ..= L-1-a.
-                let first = layers - positions.end;
-                let last = layers - 1 - positions.start;
-                let ranges: Vec<Range<usize>> = (first..=last)
-                    .map(|i| model.param_range(i))
-                    .filter(|r| !r.is_empty())
-                    .collect();
-                Bucket {
-                    after_layer: first,
-                    params: ranges[0].start..ranges[ranges.len() - 1].end,
-                }
-            })
-            .collect();
+        let buckets = plan_model_buckets(be, &model, bucket_bytes);
         let mut replica = Self {
             model,
             reducer,
@@ -253,15 +274,7 @@ impl<B: Backend, R: Reducer<B>> Replica<B, R> {
     /// The gradient buckets in launch order: the parameter names of each
     /// (in the model's order).
     pub fn bucket_names(&self) -> Vec<Vec<String>> {
-        self.buckets
-            .iter()
-            .map(|b| {
-                self.model.params[b.params.clone()]
-                    .iter()
-                    .map(|p| p.name.clone())
-                    .collect()
-            })
-            .collect()
+        bucket_names(&self.model, &self.buckets)
     }
 
     /// Overwrites every rank's parameters and momentum with rank 0's
