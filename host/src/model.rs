@@ -78,25 +78,27 @@ impl<B: Backend> Model<B> {
         if last.kind != LayerKind::Softmax {
             bail!("the last layer must be softmax");
         }
-        Self::build(be, &spec.layers, batch, seed)
+        Self::build(be, &spec.layers, numel(&last.in_shape), batch, seed)
     }
 
     /// The layers `..end` of `spec` alone, without a loss (the convolutional
     /// part of a hybrid-parallel rank, [`crate::multi_gpu`]), initialised as
-    /// [`Model::new`] initialises those layers.
+    /// [`Model::new`] initialises those layers. It takes `spec`'s labels.
     pub fn new_prefix(be: &B, spec: &ModelSpec, end: usize, batch: usize, seed: u64) -> Result<Self> {
         if end == 0 || end > spec.layers.len() {
             bail!("a model prefix needs 1..={} layers, got {end}", spec.layers.len());
         }
-        Self::build(be, &spec.layers[..end], batch, seed)
+        Self::build(be, &spec.layers[..end], spec.classes, batch, seed)
     }
 
-    fn build(be: &B, layers: &[LayerSpec], batch: usize, seed: u64) -> Result<Self> {
+    fn build(
+        be: &B,
+        layers: &[LayerSpec],
+        classes: usize,
+        batch: usize,
+        seed: u64,
+    ) -> Result<Self> {
         let layers = layers.to_vec();
-        let classes = match layers.last() {
-            Some(l) if l.kind == LayerKind::Softmax => numel(&l.in_shape),
-            _ => 0,
-        };
         let mut rng = StdRng::seed_from_u64(seed);
         let input_len = batch * numel(&layers[0].in_shape);
         let mut acts = vec![be.zeros(input_len)?];
