@@ -430,7 +430,10 @@ fn parallel_mode_loads_and_round_trips() {
     assert_eq!(load("configs/alexnet.json").train.parallel, Parallel::Data);
     let text = std::fs::read_to_string(repo("configs/alexnet.json"))
         .unwrap()
-        .replace("\"batch_size\": 128,", "\"batch_size\": 128, \"gpus\": 8, \"parallel\": \"hybrid\",");
+        .replace(
+            "\"batch_size\": 128,",
+            "\"batch_size\": 128, \"gpus\": 8, \"parallel\": \"hybrid\",",
+        );
     let cfg = Config::from_str(&text, "hybrid.json").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((cfg.train.parallel, cfg.train.gpus), (Parallel::Hybrid, 8));
     let again = Config::from_str(&cfg.to_json(), "hybrid.json").unwrap();

@@ -194,7 +194,12 @@ fn hybrid_checkpoint_resumes_on_other_rank_counts() {
         max_steps: Some(10),
         ..opts(b.path())
     };
-    let group = std::sync::Mutex::new(HostReducer::group(2).into_iter().map(Some).collect::<Vec<_>>());
+    let group = std::sync::Mutex::new(
+        HostReducer::group(2)
+            .into_iter()
+            .map(Some)
+            .collect::<Vec<_>>(),
+    );
     let first = train_replicated(hybrid(tiny(false)), &stop, 2, move |rank| {
         Ok((CpuBackend, group.lock().unwrap()[rank].take().unwrap()))
     })
@@ -204,7 +209,12 @@ fn hybrid_checkpoint_resumes_on_other_rank_counts() {
         resume: first.last_checkpoint.clone(),
         ..opts(b.path())
     };
-    let group = std::sync::Mutex::new(HostReducer::group(4).into_iter().map(Some).collect::<Vec<_>>());
+    let group = std::sync::Mutex::new(
+        HostReducer::group(4)
+            .into_iter()
+            .map(Some)
+            .collect::<Vec<_>>(),
+    );
     let rest = train_replicated(hybrid(tiny(false)), &resume, 4, move |rank| {
         Ok((CpuBackend, group.lock().unwrap()[rank].take().unwrap()))
     })
@@ -223,6 +233,9 @@ fn hybrid_with_more_ranks_than_fc_outputs_is_an_error() {
     cfg.train.batch_size = 8 * 2;
     let err = replicated(cfg, dir.path(), 8).unwrap_err();
     let msg = format!("{err:#}");
-    assert!(msg.contains("layer \"fc4\"'s 4 outputs over 8 GPUs"), "{msg}");
+    assert!(
+        msg.contains("layer \"fc4\"'s 4 outputs over 8 GPUs"),
+        "{msg}"
+    );
     assert!(!msg.contains('\n'), "{msg}");
 }

@@ -33,10 +33,10 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use anyhow::{Result, bail};
+use host::backend::cpu::CpuBackend;
 use host::backend::cuda::{CudaBackend, unavailable_reason};
 use host::backend::*;
 use host::checkpoint;
-use host::backend::cpu::CpuBackend;
 use host::config::{Config, Parallel};
 use host::model::Model;
 use host::multi_gpu::{
@@ -573,9 +573,27 @@ fn copy_block_vs_cpu(c: &mut Ctx) -> Result<()> {
     let src: Vec<f32> = (0..37 * 1000).map(|v| v as f32 * 0.5 - 3.0).collect();
     let cases = [
         ("columns 3..10 of 37x1000", 37, 7, 3, 1000, 0, 7, 37 * 7),
-        ("7 columns into 37x1000 at 500", 37, 7, 0, 7, 500, 1000, 37 * 1000),
+        (
+            "7 columns into 37x1000 at 500",
+            37,
+            7,
+            0,
+            7,
+            500,
+            1000,
+            37 * 1000,
+        ),
         ("contiguous run", 1, 9000, 100, 9000, 5, 9000, 9100),
-        ("stride = cols (contiguous rows)", 20, 50, 10, 50, 0, 50, 1000),
+        (
+            "stride = cols (contiguous rows)",
+            20,
+            50,
+            10,
+            50,
+            0,
+            50,
+            1000,
+        ),
     ];
     for (case, rows, cols, so, ss, d_o, ds, dst_len) in cases {
         let b = BlockCopy {
@@ -657,7 +675,10 @@ fn whole(ranks: &[HybridTrace]) -> Trace {
             if j < ranks[0].conv_params {
                 (name, ranks[0].grads[j].1.clone())
             } else {
-                (name, ranks.iter().flat_map(|r| r.grads[j].1.clone()).collect())
+                (
+                    name,
+                    ranks.iter().flat_map(|r| r.grads[j].1.clone()).collect(),
+                )
             }
         })
         .collect();
@@ -725,12 +746,24 @@ fn hybrid_n_vs_one(
 fn hybrid_tiny_n_vs_one(c: &mut Ctx) -> Result<()> {
     // tiny's fc4 has 4 outputs: at most 4 ranks.
     let cfg = config("tiny.json", true)?;
-    hybrid_n_vs_one(c, "hybrid_tiny_n_gpus_vs_one", &cfg, (48, 3, 4), (1e-5, 1e-5))
+    hybrid_n_vs_one(
+        c,
+        "hybrid_tiny_n_gpus_vs_one",
+        &cfg,
+        (48, 3, 4),
+        (1e-5, 1e-5),
+    )
 }
 
 fn hybrid_alexnet_n_vs_one(c: &mut Ctx) -> Result<()> {
     let cfg = config("alexnet.json", true)?;
-    hybrid_n_vs_one(c, "hybrid_alexnet_n_gpus_vs_one", &cfg, (32, 1, 8), (1e-4, 1e-4))
+    hybrid_n_vs_one(
+        c,
+        "hybrid_alexnet_n_gpus_vs_one",
+        &cfg,
+        (32, 1, 8),
+        (1e-4, 1e-4),
+    )
 }
 
 /// The trainer in the hybrid mode on N GPUs (NCCL) against the trainer on

@@ -84,9 +84,18 @@ impl<B: Backend> Model<B> {
     /// The layers `..end` of `spec` alone, without a loss (the convolutional
     /// part of a hybrid-parallel rank, [`crate::multi_gpu`]), initialised as
     /// [`Model::new`] initialises those layers. It takes `spec`'s labels.
-    pub fn new_prefix(be: &B, spec: &ModelSpec, end: usize, batch: usize, seed: u64) -> Result<Self> {
+    pub fn new_prefix(
+        be: &B,
+        spec: &ModelSpec,
+        end: usize,
+        batch: usize,
+        seed: u64,
+    ) -> Result<Self> {
         if end == 0 || end > spec.layers.len() {
-            bail!("a model prefix needs 1..={} layers, got {end}", spec.layers.len());
+            bail!(
+                "a model prefix needs 1..={} layers, got {end}",
+                spec.layers.len()
+            );
         }
         Self::build(be, &spec.layers[..end], spec.classes, batch, seed)
     }

@@ -190,7 +190,8 @@ impl BlockCopy {
                 .and_then(|s| s.checked_add(offset))
                 .and_then(|s| s.checked_add(self.cols))
         };
-        let strides_ok = self.rows == 1 || (self.src_stride >= self.cols && self.dst_stride >= self.cols);
+        let strides_ok =
+            self.rows == 1 || (self.src_stride >= self.cols && self.dst_stride >= self.cols);
         let fits = end(self.src_offset, self.src_stride).is_some_and(|e| e <= src_len)
             && end(self.dst_offset, self.dst_stride).is_some_and(|e| e <= dst_len);
         if !strides_ok || !fits {

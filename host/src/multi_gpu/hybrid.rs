@@ -133,10 +133,22 @@ struct FcSlice<B: Backend> {
 
 /// One layer of the fc part: what it does and its activation buffers.
 enum Op {
-    Fc { slice: usize, src: usize, dst: usize },
-    Relu { at: usize },
-    Dropout { at: usize, p: f32, layer: usize },
-    Softmax { at: usize },
+    Fc {
+        slice: usize,
+        src: usize,
+        dst: usize,
+    },
+    Relu {
+        at: usize,
+    },
+    Dropout {
+        at: usize,
+        p: f32,
+        layer: usize,
+    },
+    Softmax {
+        at: usize,
+    },
 }
 
 /// One rank of the hybrid mode; see the module docs.
@@ -345,9 +357,16 @@ impl<B: Backend, R: Reducer<B>> HybridRank<B, R> {
                         inputs: f.inputs,
                         outputs: k,
                     };
-                    be.fc_forward(&g, &self.acts[src], &f.weight.value, &f.bias.value, &mut f.y)?;
+                    be.fc_forward(
+                        &g,
+                        &self.acts[src],
+                        &f.weight.value,
+                        &f.bias.value,
+                        &mut f.y,
+                    )?;
                     let counts: Vec<usize> = f.rows.iter().map(|r| n * r.len()).collect();
-                    self.reducer.all_gather(be, &f.y, &mut f.gathered, &counts)?;
+                    self.reducer
+                        .all_gather(be, &f.y, &mut f.gathered, &counts)?;
                     let mut at = 0;
                     for r in &f.rows {
                         let block = BlockCopy {
@@ -504,7 +523,11 @@ impl<B: Backend, R: Reducer<B>> HybridRank<B, R> {
                 self.reducer.all_gather(be, part, &mut full, &counts)?;
                 let mut shape = p.shape.clone();
                 shape[0] = f.outputs;
-                out.push(NamedTensor::new(p.name.clone(), shape, be.download(&full)?)?);
+                out.push(NamedTensor::new(
+                    p.name.clone(),
+                    shape,
+                    be.download(&full)?,
+                )?);
             }
         }
         Ok(out)
@@ -532,7 +555,14 @@ impl<B: Backend, R: Reducer<B>> HybridRank<B, R> {
                 }
                 let per_row: usize = want[1..].iter().product();
                 let part = &t.data[mine.start * per_row..mine.end * per_row];
-                be.write(if momentum { &mut p.momentum } else { &mut p.value }, part)?;
+                be.write(
+                    if momentum {
+                        &mut p.momentum
+                    } else {
+                        &mut p.value
+                    },
+                    part,
+                )?;
             }
         }
         Ok(())

@@ -31,9 +31,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
-use cudarc::driver::{
-    CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError, sys as cuda_sys,
-};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError, sys as cuda_sys};
 use cudarc::nccl::{Comm, Id, ReduceOp, result as nccl_result, sys as nccl_sys};
 
 use super::reducer::Reducer;
@@ -312,10 +310,7 @@ impl Reducer<CudaBackend> for NcclReducer {
             for (root, &count) in counts.iter().enumerate() {
                 let mut part = recv.slice_mut(at..at + count);
                 let src = (root == rank).then_some(send);
-                queued = self
-                    .comm
-                    .broadcast(src, &mut part, root as i32)
-                    .map(drop);
+                queued = self.comm.broadcast(src, &mut part, root as i32).map(drop);
                 if queued.is_err() {
                     break;
                 }
@@ -329,11 +324,7 @@ impl Reducer<CudaBackend> for NcclReducer {
         self.compute_waits(be)
     }
 
-    fn all_reduce_sum(
-        &mut self,
-        be: &CudaBackend,
-        bufs: &mut [&mut CudaSlice<f32>],
-    ) -> Result<()> {
+    fn all_reduce_sum(&mut self, be: &CudaBackend, bufs: &mut [&mut CudaSlice<f32>]) -> Result<()> {
         self.start_sum(be, bufs)?;
         self.compute_waits(be)
     }

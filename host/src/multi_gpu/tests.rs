@@ -467,7 +467,9 @@ fn hybrid_plan_splits_fc_rows() {
             (10, vec![0..1, 1..2, 2..4])
         ]
     );
-    assert_eq!(plan_hybrid(&cfg.model, 1).unwrap().fc_rows[1], (10, vec![0..4]));
+    let one = plan_hybrid(&cfg.model, 1).unwrap();
+    let (layer, rows) = &one.fc_rows[1];
+    assert_eq!((*layer, rows.len(), rows[0].clone()), (10, 1, 0..4));
     // An fc8 of 10 outputs over 4 ranks: 2, 3, 2, 3 rows.
     let ten = tiny_edited(|t| {
         t.replace("\"classes\": 4", "\"classes\": 10")
@@ -552,9 +554,12 @@ fn host_reducer_gathers_and_sums() {
     // One rank: gathers and scatters are copies, sums leave values alone.
     let (be, mut red) = (CpuBackend, HostReducer::group(1).pop().unwrap());
     let mut recv = vec![0.0; 2];
-    red.all_gather(&be, &vec![1.0, 2.0], &mut recv, &[2]).unwrap();
+    red.all_gather(&be, &vec![1.0, 2.0], &mut recv, &[2])
+        .unwrap();
     assert_eq!(recv, vec![1.0, 2.0]);
-    let err = red.all_gather(&be, &vec![1.0], &mut recv, &[2]).unwrap_err();
+    let err = red
+        .all_gather(&be, &vec![1.0], &mut recv, &[2])
+        .unwrap_err();
     assert!(err.to_string().contains("count"), "{err}");
 }
 
@@ -635,11 +640,18 @@ fn run_hybrid(cfg: &Config, world: usize, batches: &[(Vec<f32>, Vec<i32>)]) -> V
             params: Vec::new(),
         };
         for (step, (x, y)) in batches.iter().enumerate() {
-            h.set_batch(&be, &x[share.start * sample..share.end * sample], &y[share.clone()])?;
+            h.set_batch(
+                &be,
+                &x[share.start * sample..share.end * sample],
+                &y[share.clone()],
+            )?;
             h.compute_gradients(&be, (3, step as u64))?;
             if step == 0 {
                 trace.losses = h.read_metrics(&be)?.0;
-                trace.grads = h.params().map(|p| (p.name.clone(), p.grad.clone())).collect();
+                trace.grads = h
+                    .params()
+                    .map(|p| (p.name.clone(), p.grad.clone()))
+                    .collect();
             }
             h.sgd_step(&be, &sgd())?;
             trace.params.push(h.download_params(&be, false)?);
@@ -692,9 +704,16 @@ fn check_hybrid_against_one_model(cfg: &Config, world: usize, steps: usize) -> f
     let ranks = run_hybrid(cfg, world, &batches);
     let losses: Vec<f32> = ranks.iter().flat_map(|r| r.losses.clone()).collect();
     let loss_err = max_rel_diff(&losses, &single_losses(cfg, &batches[0]));
-    assert!(loss_err < 1e-6, "{world} ranks: losses differ by {loss_err:.2e}");
+    assert!(
+        loss_err < 1e-6,
+        "{world} ranks: losses differ by {loss_err:.2e}"
+    );
     let mut worst = 0.0f64;
-    for (j, (got, want)) in whole_grads(&ranks).iter().zip(&single.first_grads).enumerate() {
+    for (j, (got, want)) in whole_grads(&ranks)
+        .iter()
+        .zip(&single.first_grads)
+        .enumerate()
+    {
         let e = rel_err(got, want);
         worst = worst.max(e);
         assert!(e < 2e-6, "{world} ranks: gradient {j} rel. error {e:.2e}");
@@ -715,7 +734,9 @@ fn check_hybrid_against_one_model(cfg: &Config, world: usize, steps: usize) -> f
     for r in &ranks[1..] {
         assert_eq!(r.params, ranks[0].params, "{world} ranks drifted apart");
     }
-    println!("{world} hybrid ranks: losses within {loss_err:.2e}, gradients and weights within {worst:.2e} (relative L2)");
+    println!(
+        "{world} hybrid ranks: losses within {loss_err:.2e}, gradients and weights within {worst:.2e} (relative L2)"
+    );
     worst
 }
 
@@ -767,7 +788,12 @@ fn hybrid_params_gather_whole_and_load_anywhere() {
     let batches = random_batches(&cfg, 6, 3, 17);
     type Saved = (Params, Params);
     let saved: Vec<Saved> = {
-        let reducers = Arc::new(Mutex::new(HostReducer::group(2).into_iter().map(Some).collect::<Vec<_>>()));
+        let reducers = Arc::new(Mutex::new(
+            HostReducer::group(2)
+                .into_iter()
+                .map(Some)
+                .collect::<Vec<_>>(),
+        ));
         let (spec, batches) = (cfg.model.clone(), batches.clone());
         let init = Arc::new(initial_params(&spec, 7).unwrap());
         on_ranks(2, move |rank| {
@@ -777,17 +803,26 @@ fn hybrid_params_gather_whole_and_load_anywhere() {
             let share = split_range(6, 2, rank);
             let per = spec.input_len();
             for (step, (x, y)) in batches[..2].iter().enumerate() {
-                h.set_batch(&be, &x[share.start * per..share.end * per], &y[share.clone()])?;
+                h.set_batch(
+                    &be,
+                    &x[share.start * per..share.end * per],
+                    &y[share.clone()],
+                )?;
                 h.train_step(&be, (3, step as u64), &sgd())?;
             }
-            Ok((h.download_params(&be, false)?, h.download_params(&be, true)?))
+            Ok((
+                h.download_params(&be, false)?,
+                h.download_params(&be, true)?,
+            ))
         })
         .unwrap()
     };
     let (weights, momentum) = saved[0].clone();
     assert_eq!(saved[1], saved[0]);
-    let shapes: Vec<(String, Vec<usize>)> =
-        weights.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
+    let shapes: Vec<(String, Vec<usize>)> = weights
+        .iter()
+        .map(|t| (t.name.clone(), t.shape.clone()))
+        .collect();
     assert_eq!(shapes, cfg.model.param_shapes());
     // One model resumes from them...
     let be = CpuBackend;
@@ -801,7 +836,12 @@ fn hybrid_params_gather_whole_and_load_anywhere() {
     m.sgd_step(&be, &sgd()).unwrap();
     let want = m.download_params(&be, false).unwrap();
     // ... and so do three hybrid ranks.
-    let reducers = Arc::new(Mutex::new(HostReducer::group(3).into_iter().map(Some).collect::<Vec<_>>()));
+    let reducers = Arc::new(Mutex::new(
+        HostReducer::group(3)
+            .into_iter()
+            .map(Some)
+            .collect::<Vec<_>>(),
+    ));
     let (spec, batch) = (cfg.model.clone(), batches[2].clone());
     let init = Arc::new(initial_params(&spec, 1).unwrap());
     let got = on_ranks(3, move |rank| {
@@ -812,7 +852,11 @@ fn hybrid_params_gather_whole_and_load_anywhere() {
         h.upload_params(&be, &momentum, true)?;
         let share = split_range(6, 3, rank);
         let per = spec.input_len();
-        h.set_batch(&be, &batch.0[share.start * per..share.end * per], &batch.1[share])?;
+        h.set_batch(
+            &be,
+            &batch.0[share.start * per..share.end * per],
+            &batch.1[share],
+        )?;
         h.train_step(&be, (3, 2), &sgd())?;
         h.download_params(&be, false)
     })
