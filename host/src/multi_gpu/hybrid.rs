@@ -1,44 +1,38 @@
-//! [`HybridRank`]: one rank of the hybrid mode, Krizhevsky's "one weird
-//! trick" (2014): the layers before the first fc layer are data-parallel,
-//! the fc layers model-parallel.
+//! [`HybridRank`]: one rank of the hybrid mode (Krizhevsky 2014): the
+//! layers before the first fc layer data-parallel, the fc layers split by
+//! output rows.
 //!
-//! Layout of a rank's work, `N` the global batch, `n = N / world` its share:
-//! - conv part: a [`Model`] of the layers before the first fc layer, on the
-//!   rank's `n` samples; its gradients are summed over the ranks in buckets
-//!   during backward, as the data-parallel mode averages them.
-//! - forward into the fc part: all-gather of every rank's conv features, so
-//!   each rank holds `[N, in]`; each fc layer computes the rank's rows of the
-//!   weight ([`split_range`] of the outputs) for all `N` samples into
-//!   `[N, k]`; an all-gather and one block copy per rank assemble the full
-//!   `[N, out]` activation on every rank. ReLU, dropout and the softmax loss
-//!   then run on full activations, identically on every rank.
-//! - backward: every rank holds the same `∂L/∂logits` (the loss gradient of
-//!   the global mean, `/N`); each fc layer copies its columns out, computes
-//!   its weight and bias gradients from the whole batch (nothing to reduce:
-//!   the rank owns its rows) and its partial input gradient, which is summed
-//!   over the ranks: an all-reduce between fc layers, a reduce-scatter into
-//!   the conv features, so each rank gets the rows of its own samples.
+//! A rank's step, `N` the global batch:
+//! - conv part: a [`Model`] of the layers before the first fc layer on the
+//!   rank's `N / world` samples; its gradients are summed over the ranks in
+//!   buckets during backward.
+//! - fc part, forward: all-gather the conv features (`[N, in]` on every
+//!   rank); each fc layer computes the rank's rows of its weight
+//!   ([`split_range`] of the outputs) for all `N` samples, and an
+//!   all-gather plus one block copy per rank assemble the full `[N, out]`
+//!   activation. ReLU, dropout and the softmax loss run on full
+//!   activations, identically on every rank.
+//! - fc part, backward: each fc layer copies its columns of the output
+//!   gradient, computes its weight and bias gradients from the whole batch
+//!   (its own rows: nothing to reduce) and a partial input gradient, summed
+//!   over the ranks: all-reduce between fc layers, reduce-scatter into the
+//!   conv features (each rank gets its own samples' rows).
 //!
-//! Scales: the loss gradient is divided by `N` (every rank sees the global
-//! batch), so the fc gradients are those of the global mean loss, and the
-//! conv features' gradient holds each sample's full share of it; the conv
-//! gradients are therefore summed over the ranks, not averaged. One rank
-//! is the single-model step; N ranks match one model on the global batch up
-//! to rounding.
+//! Scales: the loss gradient is divided by `N`, so the fc gradients are
+//! those of the global mean loss and each sample's conv-feature gradient is
+//! its whole share of it; hence conv gradients are summed, not averaged.
 //!
-//! Dropout: masks in the fc part are drawn for the full `[N, out]`
-//! activation from the run's seed and the layer, identically on every rank
-//! and exactly as one model on the global batch draws them; a dropout
-//! layer in the conv part (if any) uses [`rank_seed`] as the data-parallel
-//! mode does. So the hybrid mode matches one model with dropout on too when
-//! the conv part has no dropout (AlexNet's does not).
+//! Dropout: fc-part masks are drawn for the full `[N, out]` activation from
+//! the run's seed and layer, as one model on the global batch draws them,
+//! the same on every rank; a dropout layer in the conv part (AlexNet has
+//! none) uses [`rank_seed`] as the data-parallel mode does.
 //!
-//! Why all-reduce between fc layers rather than a reduce-scatter of columns:
-//! dropout's masks are indexed by position in the full activation, so the
-//! backward of ReLU and dropout runs on the full gradient; the extra volume
-//! is small next to the fc products. The collectives are not pipelined with
-//! the fc products (the paper's scheme overlaps them, batch part by batch
-//! part).
+//! Why all-reduce rather than a reduce-scatter of columns between fc
+//! layers: dropout's masks are indexed by position in the full activation,
+//! so ReLU's and dropout's backward run on the full gradient; the extra
+//! volume is small next to the fc products. The collectives are not
+//! overlapped with the fc products (the paper pipelines them in batch
+//! parts).
 
 use std::ops::Range;
 

@@ -26,6 +26,7 @@ pub(super) fn copy_block(
         be.stream.memcpy_dtod(&from, &mut to).map_err(gpu_err)?;
     } else {
         const F: usize = std::mem::size_of::<f32>();
+        be.ctx.bind_to_thread().map_err(gpu_err)?;
         let (src_ptr, _src_record) = src.device_ptr(&be.stream);
         let (dst_ptr, _dst_record) = dst.device_ptr_mut(&be.stream);
         let params = sys::CUDA_MEMCPY2D {
