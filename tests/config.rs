@@ -279,6 +279,7 @@ const BAD: &[(&str, &str, &str)] = &[
     ("empty-layers", "model.layers", "must not be empty"),
     ("erase-above-one", "data.augment.erase", "must be in [0, 1], got 1.5"),
     ("filters-not-divisible-by-groups", "model.layers[4].groups", "filters 15 are not divisible by groups 2"),
+    ("hybrid-more-gpus-than-fc-outputs", "train.parallel", "hybrid splits layer \"fc4\"'s 4 outputs over the GPUs, but train.gpus is 8"),
     ("invalid-json-syntax", "train", "key must be a string"),
     ("invalid-layer-name", "model.layers[4].name", "\"conv.2\" is not a valid layer name"),
     ("lrn-even-size", "model.layers[2].size", "must be odd"),
@@ -302,6 +303,7 @@ const BAD: &[(&str, &str, &str)] = &[
     ("unknown-field-in-last-layer", "model.layers[11]", "layer \"loss\": unknown field `classes`, a softmax layer has no parameters"),
     ("unknown-layer-field", "model.layers[4]", "layer \"conv2\": unknown field `strides`"),
     ("unknown-layer-type", "model.layers[0]", "layer \"conv1\": unknown variant `convolution`"),
+    ("unknown-parallel-mode", "train.parallel", "unknown variant `model`, expected `data` or `hybrid`"),
     ("unknown-precision", "train.precision", "unknown variant `fp16`, expected one of `fp32`, `tf32`, `bf16`"),
     ("unknown-schedule-type", "train.lr_schedule.type", "unknown variant `cosine`"),
     ("unknown-sgd-rule", "train.sgd_rule", "unknown variant `adam`"),
@@ -357,6 +359,7 @@ fn bad_configs_fail_with_one_line_messages() {
 fn parse_errors_point_at_the_offending_line() {
     let cases = [
         ("wrong-type-batch-size", "\"batch_size\": \"16\""),
+        ("unknown-parallel-mode", "\"model\""),
         ("unknown-precision", "\"fp16\""),
         ("missing-conv-filters", "\"name\": \"conv1\""),
         ("unknown-layer-field", "\"strides\""),
@@ -418,4 +421,22 @@ fn huge_sizes_are_errors_not_overflows() {
     let err = Config::from_str(&text, "big.json").unwrap_err().to_string();
     assert!(err.contains("model.layers[1]"), "{err}");
     assert!(err.contains("too large"), "{err}");
+}
+
+/// `train.parallel` defaults to data; `"hybrid"` loads for AlexNet on 8
+/// GPUs and survives the JSON round trip.
+#[test]
+fn parallel_mode_loads_and_round_trips() {
+    use host::config::Parallel;
+    assert_eq!(load("configs/alexnet.json").train.parallel, Parallel::Data);
+    let text = std::fs::read_to_string(repo("configs/alexnet.json"))
+        .unwrap()
+        .replace(
+            "\"batch_size\": 128,",
+            "\"batch_size\": 128, \"gpus\": 8, \"parallel\": \"hybrid\",",
+        );
+    let cfg = Config::from_str(&text, "hybrid.json").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((cfg.train.parallel, cfg.train.gpus), (Parallel::Hybrid, 8));
+    let again = Config::from_str(&cfg.to_json(), "hybrid.json").unwrap();
+    assert_eq!(again, cfg);
 }

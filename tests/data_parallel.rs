@@ -1,13 +1,13 @@
-//! The data-parallel trainer on the CPU backend (runs in CI, no GPU): the
-//! whole training loop (sharded loaders, replicas on worker threads,
-//! gathered metrics, summed validation, rank 0's checkpoints) with the
-//! in-process reducer, against the single-model trainer.
+//! The multi-GPU trainer on the CPU backend (runs in CI, no GPU): the
+//! whole training loop (sharded loaders, ranks on worker threads, gathered
+//! metrics, summed validation, rank 0's checkpoints) with the in-process
+//! reducer, data-parallel and hybrid, against the single-model trainer.
 
 use std::path::{Path, PathBuf};
 
 use host::backend::cpu::CpuBackend;
 use host::checkpoint;
-use host::config::Config;
+use host::config::{Config, Parallel};
 use host::multi_gpu::{HostReducer, train_replicated};
 use host::report::{Split, read_metrics};
 use host::train::{DeviceChoice, TrainOptions, TrainOutcome, train};
@@ -137,4 +137,105 @@ fn gpus_with_the_cpu_backend_is_an_error() {
     };
     let msg = format!("{:#}", train(tiny(false), &o).unwrap_err());
     assert!(msg.contains("--device cpu"), "{msg}");
+}
+
+fn hybrid(mut cfg: Config) -> Config {
+    cfg.train.parallel = Parallel::Hybrid;
+    cfg
+}
+
+/// Compares the logged losses, accuracies and checkpoint weights of two
+/// runs.
+fn same_training(single: &TrainOutcome, multi: &TrainOutcome, tol: f64) {
+    assert_eq!(single.steps, multi.steps);
+    for ((name, w), (_, m)) in weights(single).iter().zip(&weights(multi)) {
+        let e = rel_err(m, w);
+        println!("{name}: rel. error {e:.2e}");
+        assert!(e < tol, "{name}: rel. error {e:.2e}");
+    }
+    let records = |o: &TrainOutcome| read_metrics(&o.run_dir.join("metrics.jsonl")).unwrap();
+    let (rs, rm) = (records(single), records(multi));
+    assert_eq!(rs.len(), rm.len());
+    for (s, m) in rs.iter().zip(&rm) {
+        assert_eq!((s.step, s.split), (m.step, m.split));
+        assert!(
+            (s.loss - m.loss).abs() <= 1e-4 * s.loss.abs().max(1.0),
+            "{s:?} vs {m:?}"
+        );
+        assert!((s.top1 - m.top1).abs() < 1e-6, "{s:?} vs {m:?}");
+    }
+}
+
+/// The hybrid mode through the whole trainer: 2 and 4 ranks against one
+/// model for one epoch (32 steps) with dropout on (the fc part draws the
+/// masks one model draws), checkpoints with the whole fc weights in the
+/// single model's names and shapes (`weights` loads them), validation
+/// padded per rank and summed.
+#[test]
+fn hybrid_ranks_train_like_one_model() {
+    let a = tempfile::tempdir().unwrap();
+    let single = train(tiny(true), &opts(a.path())).unwrap();
+    for world in [2, 4] {
+        let b = tempfile::tempdir().unwrap();
+        let multi = replicated(hybrid(tiny(true)), b.path(), world).unwrap();
+        same_training(&single, &multi, 1e-5);
+    }
+}
+
+/// A hybrid run stopped after 10 steps and resumed on another number of
+/// ranks (the checkpoint's whole fc tensors scattered into the new slices)
+/// ends like the uninterrupted single-model run.
+#[test]
+fn hybrid_checkpoint_resumes_on_other_rank_counts() {
+    let a = tempfile::tempdir().unwrap();
+    let single = train(tiny(false), &opts(a.path())).unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let stop = TrainOptions {
+        max_steps: Some(10),
+        ..opts(b.path())
+    };
+    let group = std::sync::Mutex::new(
+        HostReducer::group(2)
+            .into_iter()
+            .map(Some)
+            .collect::<Vec<_>>(),
+    );
+    let first = train_replicated(hybrid(tiny(false)), &stop, 2, move |rank| {
+        Ok((CpuBackend, group.lock().unwrap()[rank].take().unwrap()))
+    })
+    .unwrap();
+    assert!(first.interrupted);
+    let resume = TrainOptions {
+        resume: first.last_checkpoint.clone(),
+        ..opts(b.path())
+    };
+    let group = std::sync::Mutex::new(
+        HostReducer::group(4)
+            .into_iter()
+            .map(Some)
+            .collect::<Vec<_>>(),
+    );
+    let rest = train_replicated(hybrid(tiny(false)), &resume, 4, move |rank| {
+        Ok((CpuBackend, group.lock().unwrap()[rank].take().unwrap()))
+    })
+    .unwrap();
+    assert_eq!(rest.steps, single.steps);
+    for ((name, w), (_, m)) in weights(&single).iter().zip(&weights(&rest)) {
+        let e = rel_err(m, w);
+        assert!(e < 1e-5, "{name}: rel. error {e:.2e}");
+    }
+}
+
+#[test]
+fn hybrid_with_more_ranks_than_fc_outputs_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = hybrid(tiny(false));
+    cfg.train.batch_size = 8 * 2;
+    let err = replicated(cfg, dir.path(), 8).unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("layer \"fc4\"'s 4 outputs over 8 GPUs"),
+        "{msg}"
+    );
+    assert!(!msg.contains('\n'), "{msg}");
 }

@@ -37,6 +37,11 @@ enum Command {
         /// Train on these GPUs, e.g. 0,2 (data-parallel when more than one).
         #[arg(long, value_delimiter = ',', conflicts_with = "gpu")]
         devices: Option<Vec<usize>>,
+        /// How several GPUs share the work: data (whole network on each) or
+        /// hybrid (conv layers data-parallel, fc layers split over the GPUs).
+        /// Overrides train.parallel.
+        #[arg(long, value_enum)]
+        parallel: Option<host::config::Parallel>,
         /// Smallest gradient bucket all-reduced at once on several GPUs, MiB.
         #[arg(long, default_value_t = 8.0)]
         bucket_mb: f64,
@@ -98,6 +103,11 @@ enum Command {
         /// Data-parallel scaling on these GPUs, e.g. 0,2.
         #[arg(long, value_delimiter = ',', conflicts_with = "gpu")]
         devices: Option<Vec<usize>>,
+        /// With --gpus/--devices: data or hybrid (conv layers data-parallel,
+        /// fc layers split over the GPUs). Default: the config's
+        /// train.parallel.
+        #[arg(long, value_enum)]
+        parallel: Option<host::config::Parallel>,
         /// Smallest gradient bucket all-reduced at once, MiB.
         #[arg(long, default_value_t = 8.0)]
         bucket_mb: f64,
@@ -220,6 +230,7 @@ fn main() {
             gpu,
             gpus,
             devices,
+            parallel,
             bucket_mb,
             data,
             out,
@@ -240,6 +251,7 @@ fn main() {
                     gpu,
                     gpus,
                     devices,
+                    parallel,
                     bucket_bytes,
                     out,
                     seed,
@@ -266,6 +278,7 @@ fn main() {
             gpu,
             gpus,
             devices,
+            parallel,
             bucket_mb,
             json,
         } => {
@@ -275,7 +288,7 @@ fn main() {
                         &config,
                         &batch_size,
                         steps,
-                        precision,
+                        (precision, parallel),
                         (gpus, devices.as_deref()),
                         bucket_bytes,
                         json.as_deref(),

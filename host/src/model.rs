@@ -72,14 +72,42 @@ impl<B: Backend> Model<B> {
     /// Allocates everything for `batch` samples and initialises the weights
     /// from `seed` (N(0, init_std²) weights, constant biases).
     pub fn new(be: &B, spec: &ModelSpec, batch: usize, seed: u64) -> Result<Self> {
-        let layers = spec.layers.clone();
-        let Some(last) = layers.last() else {
+        let Some(last) = spec.layers.last() else {
             bail!("the model has no layers")
         };
         if last.kind != LayerKind::Softmax {
             bail!("the last layer must be softmax");
         }
-        let classes = numel(&last.in_shape);
+        Self::build(be, &spec.layers, numel(&last.in_shape), batch, seed)
+    }
+
+    /// The layers `..end` of `spec` alone, without a loss (the convolutional
+    /// part of a hybrid-parallel rank, [`crate::multi_gpu`]), initialised as
+    /// [`Model::new`] initialises those layers. It takes `spec`'s labels.
+    pub fn new_prefix(
+        be: &B,
+        spec: &ModelSpec,
+        end: usize,
+        batch: usize,
+        seed: u64,
+    ) -> Result<Self> {
+        if end == 0 || end > spec.layers.len() {
+            bail!(
+                "a model prefix needs 1..={} layers, got {end}",
+                spec.layers.len()
+            );
+        }
+        Self::build(be, &spec.layers[..end], spec.classes, batch, seed)
+    }
+
+    fn build(
+        be: &B,
+        layers: &[LayerSpec],
+        classes: usize,
+        batch: usize,
+        seed: u64,
+    ) -> Result<Self> {
+        let layers = layers.to_vec();
         let mut rng = StdRng::seed_from_u64(seed);
         let input_len = batch * numel(&layers[0].in_shape);
         let mut acts = vec![be.zeros(input_len)?];
@@ -150,6 +178,18 @@ impl<B: Backend> Model<B> {
             grads,
             scales,
         })
+    }
+
+    /// The last layer's output activation.
+    pub fn output(&self) -> &B::Buf {
+        &self.acts[self.acts.len() - 1]
+    }
+
+    /// The gradient of the last layer's output, which that layer's backward
+    /// reads.
+    pub fn output_grad_mut(&mut self) -> &mut B::Buf {
+        let last = self.grads.len() - 1;
+        &mut self.grads[last]
     }
 
     /// Values in one input sample (`C·H·W`).

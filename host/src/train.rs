@@ -71,6 +71,8 @@ pub struct TrainOptions {
     pub gpus: Option<usize>,
     /// Train on these GPU ordinals (their count is the number of GPUs).
     pub devices: Option<Vec<usize>>,
+    /// How several GPUs share the work (overrides `train.parallel`).
+    pub parallel: Option<crate::config::Parallel>,
     /// Smallest gradient bucket all-reduced at once on several GPUs, bytes.
     pub bucket_bytes: usize,
     /// Runs go to `<out>/<config name>/`.
@@ -100,6 +102,7 @@ impl Default for TrainOptions {
             gpu: 0,
             gpus: None,
             devices: None,
+            parallel: None,
             bucket_bytes: crate::multi_gpu::DEFAULT_BUCKET_BYTES,
             out: PathBuf::from("runs"),
             seed: None,
@@ -155,6 +158,9 @@ pub fn apply_overrides(cfg: &mut Config, opts: &TrainOptions) -> Result<()> {
     }
     if let Some(p) = opts.precision {
         cfg.train.precision = p;
+    }
+    if let Some(p) = opts.parallel {
+        cfg.train.parallel = p;
     }
     if let Some(dir) = &opts.data {
         if !dir.is_dir() {

@@ -151,6 +151,58 @@ pub enum SgdRule {
     Paper,
 }
 
+/// A `rows × cols` block copied between row-major views of two buffers:
+/// `dst[dst_offset + i·dst_stride + j] = src[src_offset + i·src_stride + j]`
+/// for `i < rows`, `j < cols`. The multi-GPU hybrid mode uses it to place a
+/// rank's columns of an fc activation into the full one and back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockCopy {
+    pub rows: usize,
+    pub cols: usize,
+    pub src_offset: usize,
+    pub src_stride: usize,
+    pub dst_offset: usize,
+    pub dst_stride: usize,
+}
+
+impl BlockCopy {
+    /// A contiguous run of `len` values.
+    pub fn run(src_offset: usize, dst_offset: usize, len: usize) -> Self {
+        BlockCopy {
+            rows: 1,
+            cols: len,
+            src_offset,
+            src_stride: len,
+            dst_offset,
+            dst_stride: len,
+        }
+    }
+
+    /// An error unless every row fits both buffers and rows do not overlap
+    /// (stride ≥ cols where there is more than one row).
+    pub fn check(&self, src_len: usize, dst_len: usize) -> Result<()> {
+        if self.rows == 0 || self.cols == 0 {
+            return Ok(());
+        }
+        let end = |offset: usize, stride: usize| {
+            (self.rows - 1)
+                .checked_mul(stride)
+                .and_then(|s| s.checked_add(offset))
+                .and_then(|s| s.checked_add(self.cols))
+        };
+        let strides_ok =
+            self.rows == 1 || (self.src_stride >= self.cols && self.dst_stride >= self.cols);
+        let fits = end(self.src_offset, self.src_stride).is_some_and(|e| e <= src_len)
+            && end(self.dst_offset, self.dst_stride).is_some_and(|e| e <= dst_len);
+        if !strides_ok || !fits {
+            anyhow::bail!(
+                "invalid block copy {self:?} from a buffer of {src_len} floats into one of {dst_len}"
+            );
+        }
+        Ok(())
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SgdParams {
     pub lr: f32,
@@ -175,6 +227,9 @@ pub trait Backend {
     fn upload_labels(&self, host: &[i32]) -> Result<Self::Labels>;
     fn write_labels(&self, dst: &mut Self::Labels, host: &[i32]) -> Result<()>;
     fn len(&self, buf: &Self::Buf) -> usize;
+    /// Copies a block between two buffers on the device ([`BlockCopy`]);
+    /// nothing else in `dst` changes.
+    fn copy_block(&self, b: &BlockCopy, src: &Self::Buf, dst: &mut Self::Buf) -> Result<()>;
     /// Wait for all queued work; reports any asynchronous failure.
     fn synchronize(&self) -> Result<()>;
 

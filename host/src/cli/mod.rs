@@ -225,15 +225,19 @@ pub fn bucket_bytes(mib: f64) -> Result<usize> {
     Ok((mib * (1u64 << 20) as f64) as usize)
 }
 
-/// `host bench CONFIG --gpus N` / `--devices 0,2`: data-parallel images/s,
-/// scaling efficiency against one GPU at the same per-GPU batch, and the
-/// time spent waiting for communication, at each per-GPU batch size. One
-/// GPU runs the plain single-GPU benchmark.
+/// `host bench CONFIG --gpus N` / `--devices 0,2`: data-parallel (or,
+/// with `--parallel hybrid`, hybrid) images/s, scaling efficiency against
+/// one GPU at the same per-GPU batch, and the time spent waiting for
+/// communication, at each per-GPU batch size. One GPU runs the plain
+/// single-GPU benchmark.
 pub fn bench_gpus(
     config: &Path,
     batches: &[usize],
     steps: usize,
-    precision: Option<crate::config::Precision>,
+    (precision, parallel): (
+        Option<crate::config::Precision>,
+        Option<crate::config::Parallel>,
+    ),
     (gpus, devices): (Option<usize>, Option<&[usize]>),
     bucket_bytes: usize,
     json: Option<&Path>,
@@ -241,6 +245,9 @@ pub fn bench_gpus(
     let mut cfg = crate::config::load(config)?;
     if let Some(p) = precision {
         cfg.train.precision = p;
+    }
+    if let Some(p) = parallel {
+        cfg.train.parallel = p;
     }
     if batches.contains(&0) || steps == 0 {
         bail!("--batch-size and --steps must be ≥ 1");

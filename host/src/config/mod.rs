@@ -66,6 +66,9 @@ pub struct TrainConfig {
     /// override it).
     #[serde(default = "one")]
     pub gpus: usize,
+    /// How several GPUs share the work (default `"data"`).
+    #[serde(default)]
+    pub parallel: Parallel,
     pub epochs: usize,
     /// Initial learning rate.
     pub lr: f32,
@@ -110,6 +113,21 @@ pub enum LrSchedule {
         patience: usize,
         max_drops: usize,
     },
+}
+
+/// How several GPUs share a training step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Parallel {
+    /// Data-parallel: every GPU holds the whole network and trains on its
+    /// share of the batch; gradients are averaged.
+    #[default]
+    Data,
+    /// Krizhevsky's "one weird trick" (2014): the layers before the first fc
+    /// layer data-parallel, the fc layers model-parallel (each GPU holds a
+    /// slice of every fc layer's outputs and computes it for the whole
+    /// batch).
+    Hybrid,
 }
 
 /// Arithmetic precision of the training step.
@@ -242,6 +260,9 @@ impl Config {
         let at = |invalid| ConfigError::at(origin, invalid);
         let model = ModelSpec::from_config(&file.model).map_err(at)?;
         check_train(&file.train).map_err(at)?;
+        if file.train.parallel == Parallel::Hybrid {
+            check_hybrid(&model, file.train.gpus).map_err(at)?;
+        }
         check_data(&file.data, &model).map_err(at)?;
         Ok(Config {
             origin: origin.to_string(),
@@ -324,6 +345,51 @@ fn check_train(t: &TrainConfig) -> Result<(), Invalid> {
     };
     let factor_ok = factor > 0.0 && factor < 1.0;
     require("train.lr_schedule.factor", factor, factor_ok, "in (0, 1)")
+}
+
+/// The hybrid mode splits the fc layers: they must come after at least one
+/// other layer and be followed only by ReLU, dropout, more fc layers and the
+/// softmax, and each must have an output for every GPU.
+fn check_hybrid(model: &ModelSpec, gpus: usize) -> Result<(), Invalid> {
+    let path = "train.parallel";
+    let Some(first) = model
+        .layers
+        .iter()
+        .position(|l| matches!(l.kind, LayerKind::Fc(_)))
+    else {
+        return invalid(path, "hybrid splits the fc layers, but the model has none");
+    };
+    if first == 0 {
+        return invalid(
+            path,
+            "hybrid needs a layer before the first fc layer (the data-parallel part)",
+        );
+    }
+    for l in &model.layers[first..] {
+        match &l.kind {
+            LayerKind::Fc(f) if f.outputs < gpus => {
+                return invalid(
+                    path,
+                    format!(
+                        "hybrid splits layer {:?}'s {} outputs over the GPUs, but train.gpus is {gpus}",
+                        l.name, f.outputs
+                    ),
+                );
+            }
+            LayerKind::Fc(_) | LayerKind::Relu | LayerKind::Dropout(_) | LayerKind::Softmax => {}
+            other => {
+                return invalid(
+                    path,
+                    format!(
+                        "hybrid supports only fc, relu, dropout and softmax layers after the first fc layer, got {:?} ({})",
+                        l.name,
+                        other.type_name()
+                    ),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn check_data(d: &DataConfig, model: &ModelSpec) -> Result<(), Invalid> {

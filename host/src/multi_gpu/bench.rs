@@ -1,4 +1,5 @@
-//! `host bench --gpus N`: data-parallel training-step throughput.
+//! `host bench --gpus N`: data-parallel (or hybrid, `--parallel hybrid`)
+//! training-step throughput.
 //!
 //! Weak scaling: every GPU trains on `batch` samples per step (random data
 //! uploaded once, as in [`crate::bench`]), so N GPUs process N·batch images
@@ -8,24 +9,29 @@
 //! CUDA events; the slowest rank's median counts. The communication wait is
 //! the time the compute stream sat idle waiting for the last all-reduce
 //! before the SGD update (events around that wait), i.e. the communication
-//! that backward did not hide.
+//! that backward did not hide; in the hybrid mode also the waits for the fc
+//! layers' collectives, which nothing hides (a step's waits added up).
 
 use anyhow::{Context, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use std::sync::Arc;
+
+use super::hybrid::{HybridRank, initial_params};
 use super::nccl::{NcclId, NcclReducer, nccl_unavailable_reason};
 use super::reducer::Reducer;
-use super::{Replica, on_ranks};
+use super::{Replica, on_ranks, plan_hybrid};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{Backend, SgdParams};
 use crate::bench::BenchResult;
-use crate::config::Config;
+use crate::config::{Config, Parallel};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ScalingResult {
     pub devices: Vec<usize>,
+    pub parallel: Parallel,
     /// Samples per GPU per step.
     pub batch_per_gpu: usize,
     pub steps: usize,
@@ -40,7 +46,8 @@ pub struct ScalingResult {
     /// Median per step of the time the compute stream waited for
     /// communication (the largest over the ranks).
     pub comm_wait_ms: f32,
-    /// Parameter names of each gradient bucket, in launch order.
+    /// Parameter names of each gradient bucket, in launch order (the conv
+    /// part's in the hybrid mode).
     pub buckets: Vec<Vec<String>>,
 }
 
@@ -52,8 +59,8 @@ fn median(mut v: Vec<f32>) -> f32 {
     v[v.len() / 2]
 }
 
-/// Measures `cfg`'s training step on one GPU and data-parallel on
-/// `devices` at `batch` samples per GPU.
+/// Measures `cfg`'s training step on one GPU and on `devices` at `batch`
+/// samples per GPU, data-parallel or hybrid (`cfg.train.parallel`).
 pub fn bench_data_parallel(
     cfg: &Config,
     devices: &[usize],
@@ -70,6 +77,14 @@ pub fn bench_data_parallel(
         crate::bench::bench(&be, cfg, batch, steps, false)?
     };
     let world = devices.len();
+    let parallel = cfg.train.parallel;
+    let init = match parallel {
+        Parallel::Data => None,
+        Parallel::Hybrid => {
+            plan_hybrid(&cfg.model, world)?;
+            Some(Arc::new(initial_params(&cfg.model, cfg.train.seed)?))
+        }
+    };
     let id = NcclId::new()?;
     const WARMUP: usize = 3;
     let (cfg2, devs) = (cfg.clone(), devices.to_vec());
@@ -80,36 +95,52 @@ pub fn bench_data_parallel(
         be.set_precision(cfg.train.precision)?;
         let reducer = NcclReducer::new(&be, rank, world, id)?;
         let t = &cfg.train;
-        let mut replica = Replica::new(&be, &cfg.model, batch, t.seed, reducer, bucket_bytes)?;
         let mut rng = StdRng::seed_from_u64(1 + rank as u64);
-        let images: Vec<f32> = (0..batch * replica.model.input_len_per_sample())
+        let images: Vec<f32> = (0..batch * cfg.model.input_len())
             .map(|_| rng.random_range(-100.0..100.0))
             .collect();
         let labels: Vec<i32> = (0..batch)
             .map(|_| rng.random_range(0..cfg.model.classes as i32))
             .collect();
-        replica.set_batch(&be, &images, &labels)?;
         let sgd = SgdParams {
             lr: t.lr,
             momentum: t.momentum,
             weight_decay: t.weight_decay,
             rule: t.sgd_rule,
         };
-        replica.reducer_mut().measure_waits(true);
         let mut step = 0u64;
-        let times = be.time_ms(WARMUP, steps, &mut || {
-            step += 1;
-            replica.train_step(&be, (t.seed, step), &sgd)
-        })?;
-        let waits = replica.reducer_mut().take_wait_ms()?;
+        let (times, waits, buckets) = match &init {
+            None => {
+                let mut r = Replica::new(&be, &cfg.model, batch, t.seed, reducer, bucket_bytes)?;
+                r.set_batch(&be, &images, &labels)?;
+                r.reducer_mut().measure_waits(true);
+                let times = be.time_ms(WARMUP, steps, &mut || {
+                    step += 1;
+                    r.train_step(&be, (t.seed, step), &sgd)
+                })?;
+                (times, r.reducer_mut().take_wait_ms()?, r.bucket_names())
+            }
+            Some(init) => {
+                let global = world * batch;
+                let mut h = HybridRank::new(&be, &cfg.model, global, init, reducer, bucket_bytes)?;
+                h.set_batch(&be, &images, &labels)?;
+                h.reducer_mut().measure_waits(true);
+                let times = be.time_ms(WARMUP, steps, &mut || {
+                    step += 1;
+                    h.train_step(&be, (t.seed, step), &sgd)
+                })?;
+                (times, h.reducer_mut().take_wait_ms()?, h.bucket_names())
+            }
+        };
         let waits = waits.get(WARMUP..).unwrap_or_default().to_vec();
-        Ok((median(times), median(waits), replica.bucket_names()))
+        Ok((median(times), median(waits), buckets))
     })?;
     let step_ms = per_rank.iter().map(|r| r.0).fold(0.0, f32::max);
     let wait_ms = per_rank.iter().map(|r| r.1).fold(0.0, f32::max);
     let images_per_sec = (world * batch) as f32 / step_ms * 1e3;
     Ok(ScalingResult {
         devices: devices.to_vec(),
+        parallel,
         batch_per_gpu: batch,
         steps,
         efficiency: images_per_sec / (world as f32 * single.images_per_sec),
@@ -131,8 +162,12 @@ impl ScalingResult {
             self.single.median_step_ms,
             self.single.images_per_sec
         );
+        let how = match self.parallel {
+            Parallel::Data => "data-parallel",
+            Parallel::Hybrid => "hybrid",
+        };
         println!(
-            "{n} GPUs ({}): batch {} per GPU ({} global)  step {:.2} ms  {:.0} images/s  scaling efficiency {:.1}%  waiting for communication {:.2} ms/step ({:.1}% of the step)",
+            "{n} GPUs {how} ({}): batch {} per GPU ({} global)  step {:.2} ms  {:.0} images/s  scaling efficiency {:.1}%  waiting for communication {:.2} ms/step ({:.1}% of the step)",
             self.devices
                 .iter()
                 .map(|d| format!("cuda:{d}"))

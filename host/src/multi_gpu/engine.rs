@@ -1,5 +1,6 @@
-//! [`DataParallel`]: the training loop's [`Engine`] over N replicas, one
-//! worker thread per rank.
+//! [`DataParallel`]: the training loop's [`Engine`] over N ranks, one
+//! worker thread per rank; each rank is a data-parallel [`Replica`] or a
+//! [`HybridRank`] (`train.parallel`).
 //!
 //! The loop runs on the leader thread, as for one GPU; each engine call
 //! becomes a command sent to every rank (or to rank 0 alone for reading
@@ -9,8 +10,9 @@
 //! its own loader (the loaders shard deterministically, so the ranks
 //! together see exactly the single-GPU run's batches). Metrics are gathered
 //! to the leader in rank order (the global batch's order), validation sums
-//! are added up there, and checkpoints are read from rank 0; the leader
-//! alone writes files.
+//! are added up there, and checkpoints are read from rank 0 (in the hybrid
+//! mode every rank takes part, since the fc slices are gathered); the
+//! leader alone writes files.
 //!
 //! Failure: replies arrive on one channel, so the first error of any rank
 //! ends the wait at once. A rank that fails leaves its loop (its reducer is
@@ -26,12 +28,13 @@ use std::thread::JoinHandle;
 
 use anyhow::{Context, Result, anyhow, bail};
 
+use super::hybrid::{HybridRank, initial_params};
 use super::nccl::{NcclId, NcclReducer, nccl_unavailable_reason};
-use super::{Replica, per_rank_batch};
+use super::{Replica, per_rank_batch, plan_hybrid};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{Backend, SgdParams};
 use crate::checkpoint::NamedTensor;
-use crate::config::{Config, ModelSpec};
+use crate::config::{Config, ModelSpec, Parallel};
 use crate::data::{Epoch, Loader};
 use crate::multi_gpu::Reducer;
 use crate::train::{
@@ -72,8 +75,9 @@ enum Reply {
 
 type Replies = Receiver<(usize, Result<Reply>)>;
 
-/// N replicas behind the training loop's [`Engine`]; see the module docs.
+/// N ranks behind the training loop's [`Engine`]; see the module docs.
 pub struct DataParallel {
+    parallel: Parallel,
     commands: Vec<Sender<Cmd>>,
     threads: Vec<JoinHandle<()>>,
     replies: Replies,
@@ -84,9 +88,15 @@ pub struct DataParallel {
     failed: bool,
 }
 
-/// One rank: its backend, replica and loader shards.
+/// A rank's network: a whole replica, or its part of the hybrid split.
+enum Net<B: Backend, R: Reducer<B>> {
+    Data(Replica<B, R>),
+    Hybrid(HybridRank<B, R>),
+}
+
+/// One rank: its backend, network and loader shards.
 struct Worker<B: Backend, R: Reducer<B>> {
-    replica: Replica<B, R>,
+    net: Net<B, R>,
     be: B,
     train: Loader,
     val: Loader,
@@ -104,24 +114,43 @@ impl<B: Backend, R: Reducer<B>> Worker<B, R> {
             }
             Cmd::Step { dropout, sgd } => {
                 let batch = next_batch(&mut self.epoch)?;
-                self.replica.set_batch(be, &batch.images, &batch.labels)?;
-                self.replica.train_step(be, dropout, &sgd)?;
+                match &mut self.net {
+                    Net::Data(r) => {
+                        r.set_batch(be, &batch.images, &batch.labels)?;
+                        r.train_step(be, dropout, &sgd)?;
+                    }
+                    Net::Hybrid(h) => {
+                        h.set_batch(be, &batch.images, &batch.labels)?;
+                        h.train_step(be, dropout, &sgd)?;
+                    }
+                }
                 Reply::Samples(batch.n)
             }
             Cmd::Metrics => {
-                let (loss, rank) = self.replica.model.read_metrics(be)?;
+                let (loss, rank) = match &self.net {
+                    Net::Data(r) => r.model.read_metrics(be)?,
+                    Net::Hybrid(h) => h.read_metrics(be)?,
+                };
                 Reply::Metrics(loss, rank)
             }
             Cmd::Load { tensors, momentum } => {
-                // Every rank uploads the same values: as exact as a broadcast
-                // and fails identically everywhere on a bad tensor.
-                self.replica.model.upload_params(be, &tensors, momentum)?;
+                // Every rank uploads the same values (its part of them in
+                // the hybrid mode): as exact as a broadcast and fails
+                // identically everywhere on a bad tensor.
+                match &mut self.net {
+                    Net::Data(r) => r.model.upload_params(be, &tensors, momentum)?,
+                    Net::Hybrid(h) => h.upload_params(be, &tensors, momentum)?,
+                }
                 Reply::Done
             }
-            Cmd::Save { momentum } => {
-                Reply::Params(self.replica.model.download_params(be, momentum)?)
-            }
-            Cmd::Eval => Reply::Eval(eval_sums(be, &mut self.replica.model, &self.val)?),
+            Cmd::Save { momentum } => Reply::Params(match &mut self.net {
+                Net::Data(r) => r.model.download_params(be, momentum)?,
+                Net::Hybrid(h) => h.download_params(be, momentum)?,
+            }),
+            Cmd::Eval => Reply::Eval(match &mut self.net {
+                Net::Data(r) => eval_sums(be, &mut r.model, &self.val)?,
+                Net::Hybrid(h) => h.eval_sums(be, &self.val)?,
+            }),
             Cmd::Sync => {
                 be.synchronize()?;
                 Reply::Done
@@ -134,8 +163,12 @@ impl<B: Backend, R: Reducer<B>> Worker<B, R> {
 struct RankSetup {
     rank: usize,
     spec: ModelSpec,
+    /// The rank's share of the batch, and the global batch.
     batch: usize,
+    global: usize,
     seed: u64,
+    /// The whole network's initial parameters, in the hybrid mode.
+    hybrid_init: Option<Arc<Tensors>>,
     bucket_bytes: usize,
     train: Loader,
     val: Loader,
@@ -155,9 +188,26 @@ fn serve<B, R>(
     let rank = s.rank;
     let setup = || -> Result<Worker<B, R>> {
         let (be, reducer) = make(rank)?;
-        let replica = Replica::new(&be, &s.spec, s.batch, s.seed, reducer, s.bucket_bytes)?;
+        let net = match &s.hybrid_init {
+            None => Net::Data(Replica::new(
+                &be,
+                &s.spec,
+                s.batch,
+                s.seed,
+                reducer,
+                s.bucket_bytes,
+            )?),
+            Some(init) => Net::Hybrid(HybridRank::new(
+                &be,
+                &s.spec,
+                s.global,
+                init,
+                reducer,
+                s.bucket_bytes,
+            )?),
+        };
         Ok(Worker {
-            replica,
+            net,
             be,
             train: s.train,
             val: s.val,
@@ -171,9 +221,13 @@ fn serve<B, R>(
             return;
         }
     };
+    let params = match &worker.net {
+        Net::Data(r) => r.model.param_count(&worker.be),
+        Net::Hybrid(h) => h.param_count(),
+    };
     let ready = Reply::Ready {
         name: worker.be.name(),
-        params: worker.replica.model.param_count(&worker.be),
+        params,
     };
     if replies.send((rank, Ok(ready))).is_err() {
         return;
@@ -197,9 +251,11 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 
 impl DataParallel {
     /// Starts `world` ranks. On each rank's thread, `make(rank)` builds its
-    /// backend and reducer; the rank then builds its replica for
-    /// `batch_size / world` samples (rank 0's parameters broadcast to all) and
-    /// its shards of the run's loaders. Returns once every rank is ready.
+    /// backend and reducer; the rank then builds its network for
+    /// `batch_size / world` samples (a replica with rank 0's parameters
+    /// broadcast to all, or in the hybrid mode its part of the network
+    /// initialised from the run's seed) and its shards of the run's loaders.
+    /// Returns once every rank is ready.
     pub fn start<B, R, F>(
         cfg: &Config,
         data: &RunData,
@@ -213,10 +269,19 @@ impl DataParallel {
         F: Fn(usize) -> Result<(B, R)> + Send + Sync + 'static,
     {
         let per_rank = per_rank_batch(cfg.train.batch_size, world)?;
+        let parallel = cfg.train.parallel;
+        let hybrid_init = match parallel {
+            Parallel::Data => None,
+            Parallel::Hybrid => {
+                plan_hybrid(&cfg.model, world).with_context(|| cfg.origin.clone())?;
+                Some(Arc::new(initial_params(&cfg.model, cfg.train.seed)?))
+            }
+        };
         let workers = (data.train_loader.workers / world).max(1);
         let make = Arc::new(make);
         let (reply_tx, replies) = channel();
         let mut engine = DataParallel {
+            parallel,
             commands: Vec::new(),
             threads: Vec::new(),
             replies,
@@ -239,7 +304,9 @@ impl DataParallel {
                 rank,
                 spec: cfg.model.clone(),
                 batch: per_rank,
+                global: cfg.train.batch_size,
                 seed: cfg.train.seed,
+                hybrid_init: hybrid_init.clone(),
                 bucket_bytes,
                 train,
                 val,
@@ -327,8 +394,12 @@ fn unexpected() -> anyhow::Error {
 
 impl Engine for DataParallel {
     fn describe(&self) -> String {
+        let how = match self.parallel {
+            Parallel::Data => "replicas",
+            Parallel::Hybrid => "ranks (hybrid: conv data-parallel, fc model-parallel)",
+        };
         format!(
-            "{} replicas, {} samples each ({})",
+            "{} {how}, {} samples each ({})",
             self.world(),
             self.per_rank,
             self.names.join(", ")
@@ -345,8 +416,15 @@ impl Engine for DataParallel {
         self.all(Cmd::Load { tensors, momentum }).map(drop)
     }
     fn save_params(&mut self, momentum: bool) -> Result<Tensors> {
-        self.send(0, Cmd::Save { momentum })?;
-        match self.collect(1)?.pop() {
+        let reply = match self.parallel {
+            Parallel::Data => {
+                self.send(0, Cmd::Save { momentum })?;
+                self.collect(1)?.pop()
+            }
+            // Gathering the fc slices is a collective.
+            Parallel::Hybrid => self.all(Cmd::Save { momentum })?.into_iter().next(),
+        };
+        match reply {
             Some(Reply::Params(p)) => Ok(p),
             _ => Err(unexpected()),
         }
@@ -439,8 +517,9 @@ where
     Ok(out.into_iter().flatten().collect())
 }
 
-/// Trains with `world` replicas: `make(rank)` builds each rank's backend
-/// and reducer on the rank's thread. The config's batch is global.
+/// Trains on `world` ranks (`train.parallel` says how they split the
+/// work): `make(rank)` builds each rank's backend and reducer on the rank's
+/// thread. The config's batch is global.
 pub fn train_replicated<B, R, F>(
     cfg: Config,
     opts: &TrainOptions,
@@ -458,8 +537,8 @@ where
     crate::train::run(&mut engine, cfg, opts)
 }
 
-/// Trains `cfg` data-parallel on the GPUs `devices`, gradients averaged
-/// over NCCL.
+/// Trains `cfg` on the GPUs `devices` over NCCL, data-parallel or hybrid
+/// (`train.parallel`).
 pub fn train_data_parallel(
     cfg: Config,
     opts: &TrainOptions,

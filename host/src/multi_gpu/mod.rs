@@ -1,6 +1,7 @@
-//! Data-parallel training on several GPUs of one host.
+//! Training on several GPUs of one host, data-parallel or hybrid
+//! (`train.parallel`).
 //!
-//! What: each GPU holds a full replica of the network and trains on its
+//! Data-parallel: each GPU holds a full replica of the network and trains on its
 //! contiguous share of the global batch (`batch_size / N` samples, the
 //! loader's shard); after the backward pass the gradients are averaged over
 //! the replicas, so every replica applies the same SGD update, the one a
@@ -8,16 +9,27 @@
 //! divided by the per-rank batch, and the mean of the N per-rank gradients is
 //! the gradient of the global mean loss).
 //!
+//! Hybrid, Krizhevsky's "one weird trick" (2014): the layers before the
+//! first fc layer are data-parallel as above (gradients summed rather than
+//! averaged, see `hybrid`), the fc layers model-parallel: each GPU holds a
+//! slice of every fc layer's output rows ([`split_range`]) and computes it
+//! for the whole global batch, with all-gathers of activations forward and
+//! sums of input gradients backward. Checkpoints hold the whole tensors
+//! (gathered), so either mode, or one GPU, resumes from them.
+//!
 //! Layout:
 //! - this file: the pure planning ([`plan_buckets`], [`split_range`],
 //!   [`per_rank_batch`], [`select_devices`]) and [`Replica`], one rank's model
 //!   with the backward pass that hands each gradient bucket to the reducer as
 //!   soon as its layers are done;
-//! - `reducer`: the [`Reducer`] trait (broadcast, mean of gradients) and
+//! - `reducer`: the [`Reducer`] trait (broadcast, means and sums of
+//!   gradients, all-gather, reduce-scatter, the labels' gather) and
 //!   [`HostReducer`], an in-process implementation for any backend (CPU
 //!   tests, and a no-op for one replica);
-//! - `nccl`: [`NcclReducer`], NCCL all-reduce on a second stream per GPU;
-//! - `engine`: [`DataParallel`], one worker thread per rank driven by the
+//! - `nccl`: [`NcclReducer`], NCCL collectives on a second stream per GPU;
+//! - `hybrid`: [`plan_hybrid`] (the split) and [`HybridRank`], one rank of
+//!   the hybrid mode;
+//! - `engine`: [`DataParallel`], one worker thread per rank (either mode) driven by the
 //!   training loop of [`crate::train`], the entry points
 //!   [`train_data_parallel`] (GPUs, NCCL) and [`train_replicated`] (any
 //!   backend and reducer), and [`on_ranks`] (a function on one thread per
@@ -37,8 +49,10 @@
 //! Dropout: rank 0 draws its masks from the run's seed, rank r > 0 from
 //! [`rank_seed`], so replicas do not repeat each other's masks. N replicas
 //! therefore match one GPU on the global batch (up to rounding) only without
-//! dropout (p = 0); with dropout they are statistically equivalent. One
-//! replica is bit-identical to the single-GPU path.
+//! dropout (p = 0); with dropout they are statistically equivalent. The
+//! hybrid mode's fc layers draw one GPU's masks for the whole batch, so it
+//! matches one GPU with dropout too (AlexNet has no dropout before fc6).
+//! One rank of either mode is bit-identical to the single-GPU path.
 //!
 //! Reproducibility: a replica's work is as deterministic as the single-GPU
 //! path, and for a given set of GPUs and NCCL version NCCL picks the same
@@ -46,12 +60,10 @@
 //! promise it), so a resumed run on the same GPUs should end as an
 //! uninterrupted one; runs on different numbers of GPUs differ by rounding
 //! (and by dropout masks).
-//!
-//! Not implemented: the "one weird trick" hybrid (convolutions data-parallel,
-//! fc layers model-parallel); the fc layers are replicated like the rest.
 
 mod bench;
 mod engine;
+mod hybrid;
 mod nccl;
 mod reducer;
 
@@ -65,6 +77,7 @@ use crate::model::Model;
 
 pub use bench::{ScalingResult, bench_data_parallel};
 pub use engine::{DataParallel, on_ranks, train_data_parallel, train_replicated};
+pub use hybrid::{HybridPlan, HybridRank, initial_params, plan_hybrid};
 pub use nccl::{NcclId, NcclReducer, nccl_unavailable_reason, visible_gpus};
 pub use reducer::{HostReducer, Reducer};
 
@@ -182,6 +195,50 @@ struct Bucket {
     params: Range<usize>,
 }
 
+/// The gradient buckets of `model`'s layers, at least `bucket_bytes` each
+/// ([`plan_buckets`] over the layers in backward order).
+fn plan_model_buckets<B: Backend>(be: &B, model: &Model<B>, bucket_bytes: usize) -> Vec<Bucket> {
+    let layers = model.layers.len();
+    let sizes: Vec<usize> = (0..layers)
+        .rev()
+        .map(|i| {
+            model.params[model.param_range(i)]
+                .iter()
+                .map(|p| be.len(&p.value) * 4)
+                .sum()
+        })
+        .collect();
+    plan_buckets(&sizes, bucket_bytes)
+        .into_iter()
+        .map(|positions| {
+            // Positions a..b in backward order are layers L-b ..= L-1-a.
+            let first = layers - positions.end;
+            let last = layers - 1 - positions.start;
+            let ranges: Vec<Range<usize>> = (first..=last)
+                .map(|i| model.param_range(i))
+                .filter(|r| !r.is_empty())
+                .collect();
+            Bucket {
+                after_layer: first,
+                params: ranges[0].start..ranges[ranges.len() - 1].end,
+            }
+        })
+        .collect()
+}
+
+/// The parameter names of each bucket (in the model's order).
+fn bucket_names<B: Backend>(model: &Model<B>, buckets: &[Bucket]) -> Vec<Vec<String>> {
+    buckets
+        .iter()
+        .map(|b| {
+            model.params[b.params.clone()]
+                .iter()
+                .map(|p| p.name.clone())
+                .collect()
+        })
+        .collect()
+}
+
 /// One rank's model and its side of the communication.
 pub struct Replica<B: Backend, R: Reducer<B>> {
     pub model: Model<B>,
@@ -203,32 +260,7 @@ impl<B: Backend, R: Reducer<B>> Replica<B, R> {
         bucket_bytes: usize,
     ) -> Result<Self> {
         let model = Model::new(be, spec, batch, seed)?;
-        let layers = model.layers.len();
-        let sizes: Vec<usize> = (0..layers)
-            .rev()
-            .map(|i| {
-                model.params[model.param_range(i)]
-                    .iter()
-                    .map(|p| be.len(&p.value) * 4)
-                    .sum()
-            })
-            .collect();
-        let buckets = plan_buckets(&sizes, bucket_bytes)
-            .into_iter()
-            .map(|positions| {
-                // Positions a..b in backward order are layers L-b ..= L-1-a.
-                let first = layers - positions.end;
-                let last = layers - 1 - positions.start;
-                let ranges: Vec<Range<usize>> = (first..=last)
-                    .map(|i| model.param_range(i))
-                    .filter(|r| !r.is_empty())
-                    .collect();
-                Bucket {
-                    after_layer: first,
-                    params: ranges[0].start..ranges[ranges.len() - 1].end,
-                }
-            })
-            .collect();
+        let buckets = plan_model_buckets(be, &model, bucket_bytes);
         let mut replica = Self {
             model,
             reducer,
@@ -253,15 +285,7 @@ impl<B: Backend, R: Reducer<B>> Replica<B, R> {
     /// The gradient buckets in launch order: the parameter names of each
     /// (in the model's order).
     pub fn bucket_names(&self) -> Vec<Vec<String>> {
-        self.buckets
-            .iter()
-            .map(|b| {
-                self.model.params[b.params.clone()]
-                    .iter()
-                    .map(|p| p.name.clone())
-                    .collect()
-            })
-            .collect()
+        bucket_names(&self.model, &self.buckets)
     }
 
     /// Overwrites every rank's parameters and momentum with rank 0's

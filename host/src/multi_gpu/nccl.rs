@@ -1,4 +1,4 @@
-//! [`NcclReducer`]: gradient means and broadcasts over NCCL, on a
+//! [`NcclReducer`]: the [`Reducer`] collectives over NCCL, on a
 //! communication stream beside the backend's compute stream.
 //!
 //! Ordering, all on the GPU (the host never waits):
@@ -13,6 +13,14 @@
 //!   measuring, events on the compute stream just before and after that wait
 //!   time how long the GPU sat idle waiting for communication.
 //!
+//! - the hybrid mode's collectives on activations (`all_gather`,
+//!   `all_reduce_sum`, `reduce_scatter_sum`) are `start` and `finish` in
+//!   one: the compute stream needs their result next. An all-gather of
+//!   unequal counts is an NCCL group of one broadcast per rank into its
+//!   part of the receiving buffer. The labels' all-gather runs on the
+//!   communication stream alone (the host waits for it, not for compute).
+//!   With waits measured, a step's waits add up to one entry, at `finish`.
+//!
 //! The communication stream has the highest priority the device offers, so
 //! NCCL's kernels are scheduled ahead of queued compute blocks.
 //!
@@ -23,7 +31,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, sys as cuda_sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError, sys as cuda_sys};
 use cudarc::nccl::{Comm, Id, ReduceOp, result as nccl_result, sys as nccl_sys};
 
 use super::reducer::Reducer;
@@ -97,8 +105,11 @@ pub struct NcclReducer {
     ready: CudaEvent,
     done: CudaEvent,
     pending: bool,
-    /// Event pairs around the compute stream's waits, when measuring.
-    waits: Option<Vec<(CudaEvent, CudaEvent)>>,
+    /// Event pairs around the compute stream's waits, when measuring: one
+    /// group per `finish` (the waits since the one before).
+    waits: Option<Vec<Vec<(CudaEvent, CudaEvent)>>>,
+    /// The waits of the group being measured.
+    current: Vec<(CudaEvent, CudaEvent)>,
 }
 
 impl NcclReducer {
@@ -129,6 +140,7 @@ impl NcclReducer {
             done,
             pending: false,
             waits: None,
+            current: Vec::new(),
         })
     }
 
@@ -144,6 +156,40 @@ impl NcclReducer {
         self.stream
             .wait(&self.ready)
             .map_err(|e| cuda_err("ordering the communication stream", e))
+    }
+
+    /// Makes the compute stream wait for everything queued on the
+    /// communication stream (timed when measuring).
+    fn compute_waits(&mut self, be: &CudaBackend) -> Result<()> {
+        self.done
+            .record(&self.stream)
+            .map_err(|e| cuda_err("recording an event", e))?;
+        let flags = Some(cuda_sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let before = match self.waits {
+            Some(_) => {
+                let before = self
+                    .ctx
+                    .new_event(flags)
+                    .map_err(|e| cuda_err("creating an event", e))?;
+                before
+                    .record(be.stream())
+                    .map_err(|e| cuda_err("recording an event", e))?;
+                Some(before)
+            }
+            None => None,
+        };
+        be.stream()
+            .wait(&self.done)
+            .map_err(|e| cuda_err("ordering the compute stream", e))?;
+        if let Some(before) = before {
+            let after = be
+                .stream()
+                .record_event(flags)
+                .map_err(|e| cuda_err("recording an event", e))?;
+            self.current.push((before, after));
+        }
+        self.pending = false;
+        Ok(())
     }
 
     /// Runs `op` on every buffer inside one NCCL group (one fused launch).
@@ -206,43 +252,133 @@ impl Reducer<CudaBackend> for NcclReducer {
         Ok(())
     }
 
-    fn finish(&mut self, be: &CudaBackend) -> Result<()> {
-        if !self.pending {
-            return Ok(());
-        }
-        self.done
-            .record(&self.stream)
-            .map_err(|e| cuda_err("recording an event", e))?;
-        let timed = match self.waits {
-            Some(_) => {
-                let flags = Some(cuda_sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let before = self
-                    .ctx
-                    .new_event(flags)
-                    .map_err(|e| cuda_err("creating an event", e))?;
-                before
-                    .record(be.stream())
-                    .map_err(|e| cuda_err("recording an event", e))?;
-                Some(before)
-            }
-            None => None,
-        };
-        be.stream()
-            .wait(&self.done)
-            .map_err(|e| cuda_err("ordering the compute stream", e))?;
-        if let (Some(before), Some(waits)) = (timed, &mut self.waits) {
-            let after = be
-                .stream()
-                .record_event(Some(cuda_sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|e| cuda_err("recording an event", e))?;
-            waits.push((before, after));
-        }
-        self.pending = false;
+    fn start_sum(
+        &mut self,
+        be: &CudaBackend,
+        grads: &mut [&mut cudarc::driver::CudaSlice<f32>],
+    ) -> Result<()> {
+        self.after_compute(be)?;
+        self.group("ncclAllReduce (sum)", grads, |c, b| {
+            c.all_reduce_in_place(b, &ReduceOp::Sum).map(drop)
+        })?;
+        self.pending = true;
         Ok(())
+    }
+
+    fn finish(&mut self, be: &CudaBackend) -> Result<()> {
+        if self.pending {
+            self.compute_waits(be)?;
+        }
+        if let Some(waits) = &mut self.waits
+            && !self.current.is_empty()
+        {
+            waits.push(std::mem::take(&mut self.current));
+        }
+        Ok(())
+    }
+
+    fn all_gather(
+        &mut self,
+        be: &CudaBackend,
+        send: &CudaSlice<f32>,
+        recv: &mut CudaSlice<f32>,
+        counts: &[usize],
+    ) -> Result<()> {
+        let (rank, world) = (self.rank(), self.world());
+        if counts.len() != world || send.len() != counts[rank] {
+            bail!(
+                "all-gather: rank {rank} sends {} values, its count in {counts:?} (world {world}) differs",
+                send.len()
+            );
+        }
+        let total: usize = counts.iter().sum();
+        if recv.len() != total {
+            bail!(
+                "all-gather: the receiving buffer holds {}, the counts add up to {total}",
+                recv.len()
+            );
+        }
+        self.after_compute(be)?;
+        if counts.iter().all(|&c| c == counts[0]) {
+            self.comm
+                .all_gather(send, recv)
+                .map_err(|e| nccl_err("ncclAllGather", e))?;
+        } else {
+            nccl_result::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
+            let mut at = 0;
+            let mut queued = Ok(());
+            for (root, &count) in counts.iter().enumerate() {
+                let mut part = recv.slice_mut(at..at + count);
+                let src = (root == rank).then_some(send);
+                queued = self.comm.broadcast(src, &mut part, root as i32).map(drop);
+                if queued.is_err() {
+                    break;
+                }
+                at += count;
+            }
+            let ended = nccl_result::group_end();
+            queued.map_err(|e| nccl_err("ncclBroadcast (all-gather of unequal parts)", e))?;
+            ended.map_err(|e| nccl_err("ncclGroupEnd", e))?;
+        }
+        self.pending = true;
+        self.compute_waits(be)
+    }
+
+    fn all_reduce_sum(&mut self, be: &CudaBackend, bufs: &mut [&mut CudaSlice<f32>]) -> Result<()> {
+        self.start_sum(be, bufs)?;
+        self.compute_waits(be)
+    }
+
+    fn reduce_scatter_sum(
+        &mut self,
+        be: &CudaBackend,
+        send: &CudaSlice<f32>,
+        recv: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let world = self.world();
+        if send.len() != world * recv.len() {
+            bail!(
+                "reduce-scatter: sends {} values, {world} blocks of {} expected",
+                send.len(),
+                recv.len()
+            );
+        }
+        self.after_compute(be)?;
+        self.comm
+            .reduce_scatter(send, recv, &ReduceOp::Sum)
+            .map_err(|e| nccl_err("ncclReduceScatter", e))?;
+        self.pending = true;
+        self.compute_waits(be)
+    }
+
+    fn all_gather_labels(&mut self, _be: &CudaBackend, labels: &[i32]) -> Result<Vec<i32>> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err("binding the GPU", e))?;
+        let send = self
+            .stream
+            .clone_htod(labels)
+            .map_err(|e| cuda_err("uploading labels", e))?;
+        let mut recv = self
+            .stream
+            .alloc_zeros::<i32>(labels.len() * self.world())
+            .map_err(|e| cuda_err("allocating labels", e))?;
+        self.comm
+            .all_gather(&send, &mut recv)
+            .map_err(|e| nccl_err("ncclAllGather (labels)", e))?;
+        let all = self
+            .stream
+            .clone_dtoh(&recv)
+            .map_err(|e| cuda_err("downloading labels", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda_err("gathering labels", e))?;
+        Ok(all)
     }
 
     fn measure_waits(&mut self, on: bool) {
         self.waits = on.then(Vec::new);
+        self.current.clear();
     }
 
     fn take_wait_ms(&mut self) -> Result<Vec<f32>> {
@@ -251,7 +387,12 @@ impl Reducer<CudaBackend> for NcclReducer {
         };
         std::mem::take(waits)
             .iter()
-            .map(|(a, b)| a.elapsed_ms(b))
+            .map(|group| {
+                group
+                    .iter()
+                    .map(|(a, b)| a.elapsed_ms(b))
+                    .sum::<Result<f32, _>>()
+            })
             .collect::<Result<Vec<f32>, _>>()
             .map_err(|e| cuda_err("reading wait times", e))
             .context("measuring communication waits")

@@ -1,19 +1,22 @@
-//! The [`Reducer`] trait, one rank's side of the collectives data-parallel
-//! training needs, and [`HostReducer`], its in-process implementation.
+//! The [`Reducer`] trait, one rank's side of the collectives multi-GPU
+//! training needs (data-parallel: broadcast and gradient means; hybrid:
+//! also gradient sums, all-gather, all-reduce and reduce-scatter sums, and a
+//! gather of the batch's labels), and [`HostReducer`], its in-process
+//! implementation.
 //!
 //! `HostReducer` moves buffers through host memory (download, combine,
 //! write back), so it works for every backend; it exists for the CPU tests
-//! of the data-parallel code (N CPU replicas on threads of one process) and
-//! as the no-op reducer of a single replica (nothing is moved when the world
-//! is one). Each rank computes the mean itself, summing the ranks in rank
-//! order, so every rank gets bit-identical values, and runs are reproducible.
+//! of the multi-GPU code (N CPU ranks on threads of one process) and as the
+//! reducer of a single rank (nothing is exchanged when the world is one).
+//! Each rank computes sums and means itself, adding the ranks in rank order,
+//! so every rank gets bit-identical values, and runs are reproducible.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use anyhow::{Result, anyhow, bail};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, BlockCopy};
 
 /// One rank's side of the collectives. Every rank of a group calls the same
 /// collectives in the same order with buffers of the same lengths.
@@ -26,9 +29,31 @@ pub trait Reducer<B: Backend> {
     /// (collective). Called once the work that writes them has been queued on
     /// `be`; may return before the mean is computed.
     fn start_mean(&mut self, be: &B, grads: &mut [&mut B::Buf]) -> Result<()>;
+    /// Like [`Reducer::start_mean`], but the sum over the ranks.
+    fn start_sum(&mut self, be: &B, grads: &mut [&mut B::Buf]) -> Result<()>;
     /// Makes the work queued on `be` after this call wait for every started
-    /// mean.
+    /// mean or sum.
     fn finish(&mut self, be: &B) -> Result<()>;
+    /// Fills `recv` with every rank's `send`, one after another in rank
+    /// order; rank `r`'s `send` holds `counts[r]` values (collective). Work
+    /// queued on `be` after this call sees `recv`.
+    fn all_gather(
+        &mut self,
+        be: &B,
+        send: &B::Buf,
+        recv: &mut B::Buf,
+        counts: &[usize],
+    ) -> Result<()>;
+    /// Replaces each of `bufs` by its sum over the ranks (collective); work
+    /// queued on `be` after this call sees the sums.
+    fn all_reduce_sum(&mut self, be: &B, bufs: &mut [&mut B::Buf]) -> Result<()>;
+    /// Fills `recv` with block `rank` of the sum over the ranks of `send`,
+    /// split into `world` blocks of `recv`'s length (collective); work
+    /// queued on `be` after this call sees `recv`.
+    fn reduce_scatter_sum(&mut self, be: &B, send: &B::Buf, recv: &mut B::Buf) -> Result<()>;
+    /// Every rank's `labels` (host values, the same count on every rank),
+    /// one after another in rank order (collective; waits for the result).
+    fn all_gather_labels(&mut self, be: &B, labels: &[i32]) -> Result<Vec<i32>>;
     /// Starts (or stops) measuring how long the backend waits for
     /// communication at each `finish` (off by default).
     fn measure_waits(&mut self, on: bool);
@@ -164,6 +189,41 @@ fn scatter<B: Backend>(be: &B, bufs: &mut [&mut B::Buf], flat: &[f32]) -> Result
     Ok(())
 }
 
+impl HostReducer {
+    /// Replaces each of `bufs` by its sum (or `mean`) over the ranks.
+    fn reduce<B: Backend>(
+        &mut self,
+        be: &B,
+        bufs: &mut [&mut B::Buf],
+        mean: bool,
+        what: &str,
+    ) -> Result<()> {
+        if self.shared.world == 1 {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let mine = gather(be, bufs)?;
+        let len = mine.len();
+        let out = self.exchange(mine, |slots| {
+            if slots.iter().any(|s| s.len() != len) {
+                return None;
+            }
+            let n = if mean { slots.len() as f32 } else { 1.0 };
+            Some(
+                (0..len)
+                    .map(|j| slots.iter().map(|s| s[j]).sum::<f32>() / n)
+                    .collect::<Vec<f32>>(),
+            )
+        })?;
+        let Some(out) = out else {
+            bail!("{what}: the ranks passed buffers of different lengths");
+        };
+        scatter(be, bufs, &out)?;
+        self.spent += started.elapsed().as_secs_f32() * 1e3;
+        Ok(())
+    }
+}
+
 impl<B: Backend> Reducer<B> for HostReducer {
     fn rank(&self) -> usize {
         self.rank
@@ -197,29 +257,104 @@ impl<B: Backend> Reducer<B> for HostReducer {
     }
 
     fn start_mean(&mut self, be: &B, grads: &mut [&mut B::Buf]) -> Result<()> {
-        if self.shared.world == 1 {
-            return Ok(());
+        self.reduce(be, grads, true, "mean of gradients")
+    }
+
+    fn start_sum(&mut self, be: &B, grads: &mut [&mut B::Buf]) -> Result<()> {
+        self.reduce(be, grads, false, "sum of gradients")
+    }
+
+    fn all_gather(
+        &mut self,
+        be: &B,
+        send: &B::Buf,
+        recv: &mut B::Buf,
+        counts: &[usize],
+    ) -> Result<()> {
+        let (rank, world) = (self.rank, self.shared.world);
+        if counts.len() != world || be.len(send) != counts[rank] {
+            bail!(
+                "all-gather: rank {rank} sends {} values, its count in {counts:?} (world {world}) differs",
+                be.len(send)
+            );
+        }
+        let total: usize = counts.iter().sum();
+        if be.len(recv) != total {
+            bail!(
+                "all-gather: the receiving buffer holds {}, the counts add up to {total}",
+                be.len(recv)
+            );
+        }
+        if world == 1 {
+            return be.copy_block(&BlockCopy::run(0, 0, total), send, recv);
         }
         let started = Instant::now();
-        let mine = gather(be, grads)?;
-        let len = mine.len();
-        let mean = self.exchange(mine, |slots| {
+        let all = self.exchange(be.download(send)?, |slots| {
+            let ok = slots.iter().zip(counts).all(|(s, &c)| s.len() == c);
+            ok.then(|| slots.concat())
+        })?;
+        let Some(all) = all else {
+            bail!("all-gather: the ranks disagree on the counts");
+        };
+        be.write(recv, &all)?;
+        self.spent += started.elapsed().as_secs_f32() * 1e3;
+        Ok(())
+    }
+
+    fn all_reduce_sum(&mut self, be: &B, bufs: &mut [&mut B::Buf]) -> Result<()> {
+        self.reduce(be, bufs, false, "all-reduce")
+    }
+
+    fn reduce_scatter_sum(&mut self, be: &B, send: &B::Buf, recv: &mut B::Buf) -> Result<()> {
+        let (rank, world, block) = (self.rank, self.shared.world, be.len(recv));
+        if be.len(send) != world * block {
+            bail!(
+                "reduce-scatter: sends {} values, {world} blocks of {block} expected",
+                be.len(send)
+            );
+        }
+        if world == 1 {
+            return be.copy_block(&BlockCopy::run(0, 0, block), send, recv);
+        }
+        let started = Instant::now();
+        let len = world * block;
+        let mine = self.exchange(be.download(send)?, |slots| {
             if slots.iter().any(|s| s.len() != len) {
                 return None;
             }
-            let n = slots.len() as f32;
+            let at = rank * block;
             Some(
-                (0..len)
-                    .map(|j| slots.iter().map(|s| s[j]).sum::<f32>() / n)
+                (at..at + block)
+                    .map(|j| slots.iter().map(|s| s[j]).sum::<f32>())
                     .collect::<Vec<f32>>(),
             )
         })?;
-        let Some(mean) = mean else {
-            bail!("mean of gradients: the ranks passed buffers of different lengths");
+        let Some(mine) = mine else {
+            bail!("reduce-scatter: the ranks passed buffers of different lengths");
         };
-        scatter(be, grads, &mean)?;
+        be.write(recv, &mine)?;
         self.spent += started.elapsed().as_secs_f32() * 1e3;
         Ok(())
+    }
+
+    fn all_gather_labels(&mut self, _be: &B, labels: &[i32]) -> Result<Vec<i32>> {
+        if self.shared.world == 1 {
+            return Ok(labels.to_vec());
+        }
+        // Slots hold f32, exact for integers up to 2²⁴.
+        const EXACT: i32 = 1 << 24;
+        if let Some(bad) = labels.iter().find(|l| !(-EXACT..=EXACT).contains(*l)) {
+            bail!("label {bad} cannot be exchanged (beyond ±2²⁴)");
+        }
+        let len = labels.len();
+        let mine = labels.iter().map(|&l| l as f32).collect();
+        let all = self.exchange(mine, |slots| {
+            slots.iter().all(|s| s.len() == len).then(|| slots.concat())
+        })?;
+        let Some(all) = all else {
+            bail!("gathering labels: the ranks passed different counts");
+        };
+        Ok(all.into_iter().map(|l| l as i32).collect())
     }
 
     fn finish(&mut self, _be: &B) -> Result<()> {

@@ -76,6 +76,18 @@ impl Backend for CpuBackend {
     fn len(&self, buf: &Vec<f32>) -> usize {
         buf.len()
     }
+    fn copy_block(&self, b: &BlockCopy, src: &Vec<f32>, dst: &mut Vec<f32>) -> Result<()> {
+        b.check(src.len(), dst.len())?;
+        if b.cols == 0 {
+            return Ok(());
+        }
+        for i in 0..b.rows {
+            let from = b.src_offset + i * b.src_stride;
+            let to = b.dst_offset + i * b.dst_stride;
+            dst[to..to + b.cols].copy_from_slice(&src[from..from + b.cols]);
+        }
+        Ok(())
+    }
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }

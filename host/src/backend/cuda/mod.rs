@@ -11,6 +11,7 @@
 
 mod activation;
 mod conv;
+mod copy;
 mod dropout;
 mod gemm;
 mod loss;
@@ -345,6 +346,14 @@ impl Backend for CudaBackend {
     }
     fn len(&self, buf: &CudaSlice<f32>) -> usize {
         buf.len()
+    }
+    fn copy_block(
+        &self,
+        b: &BlockCopy,
+        src: &CudaSlice<f32>,
+        dst: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        copy::copy_block(self, b, src, dst)
     }
     fn time_ms(
         &self,
