@@ -7,7 +7,7 @@ with CUDA events, median of --steps after warm-up, for fp32 (TF32 off), TF32
 and bf16 autocast. `--check CKPT` also loads one of our checkpoints into the
 model (PyTorch names and layouts) and reports it.
 
-    python3 benches/pytorch_reference.py --batch-size 128 256
+    python3 benches/pytorch_reference.py --batch-size 128 256 --layers
 """
 
 import argparse
@@ -102,6 +102,49 @@ def step_time(cfg, batch, precision, steps, device):
     return {"precision": precision, "batch": batch, "median_step_ms": ms, "images_per_sec": batch / ms * 1e3}
 
 
+def timed(fn, steps):
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(steps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def conv_layer_times(cfg, batch, precision, steps, device):
+    """cuDNN's forward, data-gradient and weight-gradient time of every conv
+    layer at its place in the network (the same calls autograd makes)."""
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.benchmark = True
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    seq, names = build(cfg)
+    model = seq.to(device)
+    inp = cfg["model"]["input"]
+    x = torch.randn(batch, inp["channels"], inp["height"], inp["width"], device=device)
+    rows = []
+    with torch.no_grad():
+        for name, m in zip(names, model):
+            if isinstance(m, nn.Linear):
+                break
+            if isinstance(m, nn.Conv2d):
+                xi = x.to(dtype)
+                w = m.weight.to(dtype)
+                y = torch.nn.functional.conv2d(xi, w, None, m.stride, m.padding, 1, m.groups)
+                dy = torch.randn_like(y)
+                args = (dy, xi, w, None, m.stride, m.padding, (1, 1), False, (0, 0), m.groups)
+                fwd = timed(lambda: torch.nn.functional.conv2d(xi, w, None, m.stride, m.padding, 1, m.groups), steps)
+                dgrad = timed(lambda: torch.ops.aten.convolution_backward(*args, [True, False, False]), steps)
+                wgrad = timed(lambda: torch.ops.aten.convolution_backward(*args, [False, True, False]), steps)
+                rows.append({"layer": name, "precision": precision, "batch": batch, "forward_ms": fwd, "data_grad_ms": dgrad, "weight_grad_ms": wgrad})
+            x = m(x)
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/alexnet.json")
@@ -110,6 +153,7 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--check", help="load one of our checkpoints into the model and report")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--layers", action="store_true", help="also time every conv layer's forward, data and weight gradient in cuDNN")
     a = p.parse_args()
     cfg = json.load(open(a.config))
     device = "cuda"
@@ -127,6 +171,12 @@ def main():
             r = step_time(cfg, b, precision, a.steps, device)
             print(f"{precision:>5} batch {b:>4}: {r['median_step_ms']:.2f} ms  {r['images_per_sec']:.0f} img/s")
             rows.append(r)
+    if a.layers:
+        for precision in a.precision:
+            for b in a.batch_size:
+                for r in conv_layer_times(cfg, b, precision, a.steps, device):
+                    print(f"{precision:>5} batch {b:>4} {r['layer']:>6}: fwd {r['forward_ms']:.3f} ms  data-grad {r['data_grad_ms']:.3f} ms  weight-grad {r['weight_grad_ms']:.3f} ms")
+                    rows.append(r)
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)
 

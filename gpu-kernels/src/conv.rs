@@ -15,7 +15,7 @@
 //! `gemm::SHARED_BYTES` of dynamic shared memory.
 
 use crate::device::{bdim_x, bid_x, bid_z, block_sum, shared, tid_x};
-use crate::gemm::{Epilogue, OperandA, OperandB, gemm_kernels, gemm_tile};
+use crate::gemm::{BK, Epilogue, Operand, Strided, gemm_kernels, gemm_tile};
 
 /// Convolution shape, passed by value to every conv kernel.
 #[repr(C)]
@@ -50,17 +50,45 @@ impl ConvShape {
     }
 }
 
-/// w viewed as A(f, (c,kh,kw)) for one group: contiguous rows.
-struct WeightRows {
-    w: *const f32,
-    k_len: u32,
+/// `BK` written in a three-digit mixed radix `(top, hi, lo)` with digit
+/// limits `(·, h, l)`: `BK = top·h·l + hi·l + lo`. Computed once per thread,
+/// it lets a cursor step along k with adds and compares.
+#[derive(Clone, Copy)]
+struct Step {
+    top: u32,
+    hi: u32,
+    lo: u32,
 }
 
-impl OperandA for WeightRows {
-    const K_FAST: bool = true;
+impl Step {
     #[inline(always)]
-    unsafe fn load(&self, m: u32, k: u32) -> f32 {
-        unsafe { *self.w.add(m as usize * self.k_len as usize + k as usize) }
+    fn new(h: u32, l: u32) -> Self {
+        let r = BK % (h * l);
+        Step {
+            top: BK / (h * l),
+            hi: r / l,
+            lo: r % l,
+        }
+    }
+
+    /// Adds the step to the digits `(hi, lo)` (limits `h`, `l`) and returns
+    /// how far the top digit moves. Each digit overflows at most once
+    /// (`digit + step digit + carry ≤ 2·limit − 1`).
+    #[inline(always)]
+    fn advance(self, hi: &mut u32, lo: &mut u32, h: u32, l: u32) -> u32 {
+        *lo += self.lo;
+        let mut carry = 0;
+        if *lo >= l {
+            *lo -= l;
+            carry = 1;
+        }
+        *hi += self.hi + carry;
+        let mut top = self.top;
+        if *hi >= h {
+            *hi -= h;
+            top += 1;
+        }
+        top
     }
 }
 
@@ -69,35 +97,75 @@ struct Patches {
     x: *const f32,
     s: ConvShape,
     g: u32,
+    step: Step,
 }
 
 impl Patches {
-    /// x at (n, g·Cg + c, oh·s−p+kh, ow·s−p+kw), or 0 in the padding.
     #[inline(always)]
-    unsafe fn at(&self, n: u32, oh: u32, ow: u32, c: u32, kh: u32, kw: u32) -> f32 {
+    fn new(x: *const f32, s: ConvShape, g: u32) -> Self {
+        let step = Step::new(s.kh, s.kw);
+        Patches { x, s, g, step }
+    }
+
+    /// Offset of the plane (n, g·Cg + c) of x.
+    #[inline(always)]
+    fn plane(&self, n: u32, c: u32) -> usize {
         let s = &self.s;
-        let ih = (oh * s.stride + kh) as i32 - s.pad as i32;
-        let iw = (ow * s.stride + kw) as i32 - s.pad as i32;
-        if ih < 0 || iw < 0 || ih >= s.h as i32 || iw >= s.w as i32 {
-            return 0.0;
-        }
-        let ch = (n * s.c_in + self.g * s.cg() + c) as usize;
-        unsafe {
-            *self
-                .x
-                .add((ch * s.h as usize + ih as usize) * s.w as usize + iw as usize)
+        (n as usize * s.c_in as usize + (self.g * s.cg() + c) as usize) * (s.h * s.w) as usize
+    }
+
+    /// x at row `ih`, column `iw` of the plane at `off`, or 0 in the padding.
+    #[inline(always)]
+    unsafe fn at(&self, off: usize, ih: i32, iw: i32) -> f32 {
+        if (ih as u32) < self.s.h && (iw as u32) < self.s.w {
+            unsafe {
+                *self
+                    .x
+                    .add(off + ih as usize * self.s.w as usize + iw as usize)
+            }
+        } else {
+            0.0
         }
     }
 }
 
-impl OperandB for Patches {
+/// Where a `Patches` slot is: its input plane, the window origin
+/// `(oh·s−p, ow·s−p)` and the filter tap `(kh, kw)`.
+#[derive(Clone, Copy)]
+struct PatchCursor {
+    off: usize,
+    ih0: i32,
+    iw0: i32,
+    kh: u32,
+    kw: u32,
+}
+
+impl Operand for Patches {
     const K_FAST: bool = false;
+    type Cursor = PatchCursor;
     #[inline(always)]
-    unsafe fn load(&self, k: u32, n: u32) -> f32 {
+    fn open(&self, k: u32, n: u32) -> PatchCursor {
         let s = &self.s;
         let (img, p) = (n / (s.oh * s.ow), n % (s.oh * s.ow));
         let (c, r) = (k / s.kk(), k % s.kk());
-        unsafe { self.at(img, p / s.ow, p % s.ow, c, r / s.kw, r % s.kw) }
+        PatchCursor {
+            off: self.plane(img, c),
+            ih0: ((p / s.ow) * s.stride) as i32 - s.pad as i32,
+            iw0: ((p % s.ow) * s.stride) as i32 - s.pad as i32,
+            kh: r / s.kw,
+            kw: r % s.kw,
+        }
+    }
+    #[inline(always)]
+    unsafe fn read(&self, c: &PatchCursor) -> f32 {
+        unsafe { self.at(c.off, c.ih0 + c.kh as i32, c.iw0 + c.kw as i32) }
+    }
+    #[inline(always)]
+    fn step(&self, c: &mut PatchCursor) {
+        let channels = self
+            .step
+            .advance(&mut c.kh, &mut c.kw, self.s.kh, self.s.kw);
+        c.off += channels as usize * (self.s.h * self.s.w) as usize;
     }
 }
 
@@ -132,31 +200,54 @@ unsafe fn conv_forward_impl<const TF32: bool>(
 ) {
     let g = bid_z();
     let k_len = s.cg() * s.kk();
-    let a = WeightRows {
-        w: unsafe { w.add((g * s.fg() * k_len) as usize) },
-        k_len,
+    let a = Strided::<true> {
+        p: unsafe { w.add((g * s.fg() * k_len) as usize) },
+        ks: 1,
+        is: k_len as usize,
     };
-    let b = Patches { x, s, g };
+    let b = Patches::new(x, s, g);
     let e = StoreOutput { y, bias, s, g };
     unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, s.fg(), s.n * s.oh * s.ow, 0, k_len) };
 }
 
 gemm_kernels!(conv_forward_impl => conv_forward, conv_forward_tf32 (s: ConvShape, x: *const f32, w: *const f32, bias: *const f32, y: *mut f32));
 
-/// w viewed as A(c, (f,kh,kw)) for one group (the transposed filter bank).
+/// w viewed as A(c, (f,kh,kw)) for one group (the transposed filter bank):
+/// `w[(f·Cg + c)·KK + r]`, r = kh·KW + kw.
 struct WeightCols {
     w: *const f32,
     s: ConvShape,
+    step: Step,
 }
 
-impl OperandA for WeightCols {
+/// A `WeightCols` slot: offset of filter f's taps for channel c, and tap r.
+#[derive(Clone, Copy)]
+struct TapCursor {
+    off: usize,
+    r: u32,
+}
+
+impl Operand for WeightCols {
     const K_FAST: bool = true;
+    type Cursor = TapCursor;
     #[inline(always)]
-    unsafe fn load(&self, m: u32, k: u32) -> f32 {
+    fn open(&self, k: u32, c: u32) -> TapCursor {
         let kk = self.s.kk();
         let (f, r) = (k / kk, k % kk);
-        let idx = ((f * self.s.cg() + m) * kk + r) as usize;
-        unsafe { *self.w.add(idx) }
+        TapCursor {
+            off: (f as usize * self.s.cg() as usize + c as usize) * kk as usize,
+            r,
+        }
+    }
+    #[inline(always)]
+    unsafe fn read(&self, c: &TapCursor) -> f32 {
+        unsafe { *self.w.add(c.off + c.r as usize) }
+    }
+    #[inline(always)]
+    fn step(&self, c: &mut TapCursor) {
+        let mut unused = 0;
+        let filters = self.step.advance(&mut unused, &mut c.r, 1, self.s.kk());
+        c.off += filters as usize * (self.s.cg() * self.s.kk()) as usize;
     }
 }
 
@@ -165,37 +256,69 @@ struct GradPatches {
     dy: *const f32,
     s: ConvShape,
     g: u32,
+    step: Step,
 }
 
-impl OperandB for GradPatches {
+/// A `GradPatches` slot: dy's plane (n, g·Fg+f), `(ih+p, iw+p)` and the tap.
+#[derive(Clone, Copy)]
+struct GradPatchCursor {
+    off: usize,
+    th0: i32,
+    tw0: i32,
+    kh: u32,
+    kw: u32,
+}
+
+impl Operand for GradPatches {
     const K_FAST: bool = false;
+    type Cursor = GradPatchCursor;
     #[inline(always)]
-    unsafe fn load(&self, k: u32, n: u32) -> f32 {
+    fn open(&self, k: u32, n: u32) -> GradPatchCursor {
         let s = &self.s;
-        let hw = s.h * s.w;
-        let (img, p) = (n / hw, n % hw);
-        let (ih, iw) = (p / s.w, p % s.w);
+        let (img, p) = (n / (s.h * s.w), n % (s.h * s.w));
         let (f, r) = (k / s.kk(), k % s.kk());
-        let (kh, kw) = (r / s.kw, r % s.kw);
-        let th = (ih + s.pad) as i32 - kh as i32;
-        let tw = (iw + s.pad) as i32 - kw as i32;
-        if th < 0 || tw < 0 {
-            return 0.0;
+        let ch = img as usize * s.c_out as usize + (self.g * s.fg() + f) as usize;
+        GradPatchCursor {
+            off: ch * (s.oh * s.ow) as usize,
+            th0: (p / s.w + s.pad) as i32,
+            tw0: (p % s.w + s.pad) as i32,
+            kh: r / s.kw,
+            kw: r % s.kw,
         }
-        let (th, tw) = (th as u32, tw as u32);
-        if th % s.stride != 0 || tw % s.stride != 0 {
-            return 0.0;
-        }
-        let (oh, ow) = (th / s.stride, tw / s.stride);
+    }
+    #[inline(always)]
+    unsafe fn read(&self, c: &GradPatchCursor) -> f32 {
+        let s = &self.s;
+        let th = c.th0 - c.kh as i32;
+        let tw = c.tw0 - c.kw as i32;
+        let (oh, ow) = if s.stride == 1 {
+            (th as u32, tw as u32)
+        } else {
+            if th < 0 || tw < 0 {
+                return 0.0;
+            }
+            let (th, tw) = (th as u32, tw as u32);
+            if th % s.stride != 0 || tw % s.stride != 0 {
+                return 0.0;
+            }
+            (th / s.stride, tw / s.stride)
+        };
+        // A negative th or tw wraps to a huge unsigned value: out of range.
         if oh >= s.oh || ow >= s.ow {
             return 0.0;
         }
-        let ch = (img * s.c_out + self.g * s.fg() + f) as usize;
         unsafe {
             *self
                 .dy
-                .add((ch * s.oh as usize + oh as usize) * s.ow as usize + ow as usize)
+                .add(c.off + oh as usize * s.ow as usize + ow as usize)
         }
+    }
+    #[inline(always)]
+    fn step(&self, c: &mut GradPatchCursor) {
+        let filters = self
+            .step
+            .advance(&mut c.kh, &mut c.kw, self.s.kh, self.s.kw);
+        c.off += filters as usize * (self.s.oh * self.s.ow) as usize;
     }
 }
 
@@ -230,8 +353,14 @@ unsafe fn conv_backward_data_impl<const TF32: bool>(
     let a = WeightCols {
         w: unsafe { w.add((g * s.fg() * s.cg() * s.kk()) as usize) },
         s,
+        step: Step::new(1, s.kk()),
     };
-    let b = GradPatches { dy, s, g };
+    let b = GradPatches {
+        dy,
+        s,
+        g,
+        step: Step::new(s.kh, s.kw),
+    };
     let e = StoreInputGrad { dx, s, g };
     unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, s.cg(), s.n * s.h * s.w, 0, k_len) };
 }
@@ -243,34 +372,90 @@ struct GradRows {
     dy: *const f32,
     s: ConvShape,
     g: u32,
+    step: Step,
 }
 
-impl OperandA for GradRows {
+/// A `GradRows` slot: dy's plane (n, g·Fg+f) and the position p = oh·OW+ow.
+#[derive(Clone, Copy)]
+struct RowCursor {
+    off: usize,
+    p: u32,
+}
+
+impl Operand for GradRows {
     const K_FAST: bool = true;
+    type Cursor = RowCursor;
     #[inline(always)]
-    unsafe fn load(&self, m: u32, k: u32) -> f32 {
+    fn open(&self, k: u32, f: u32) -> RowCursor {
         let s = &self.s;
         let ohw = s.oh * s.ow;
-        let (img, p) = (k / ohw, k % ohw);
-        let ch = (img * s.c_out + self.g * s.fg() + m) as usize;
-        unsafe { *self.dy.add(ch * ohw as usize + p as usize) }
+        let ch = (k / ohw) as usize * s.c_out as usize + (self.g * s.fg() + f) as usize;
+        RowCursor {
+            off: ch * ohw as usize,
+            p: k % ohw,
+        }
+    }
+    #[inline(always)]
+    unsafe fn read(&self, c: &RowCursor) -> f32 {
+        unsafe { *self.dy.add(c.off + c.p as usize) }
+    }
+    #[inline(always)]
+    fn step(&self, c: &mut RowCursor) {
+        let ohw = self.s.oh * self.s.ow;
+        let mut unused = 0;
+        let images = self.step.advance(&mut unused, &mut c.p, 1, ohw);
+        c.off += images as usize * (self.s.c_out * ohw) as usize;
     }
 }
 
-/// x gathered as B((n,oh,ow), (c,kh,kw)) for one group.
+/// x gathered as B((n,oh,ow), (c,kh,kw)) for one group: `Patches` walked
+/// along the output positions instead of the filter taps.
 struct PatchesT {
     p: Patches,
+    step: Step,
 }
 
-impl OperandB for PatchesT {
+/// A `PatchesT` slot: x's plane (n, g·Cg+c), the output position and the
+/// tap offset `(kh−p, kw−p)`.
+#[derive(Clone, Copy)]
+struct PositionCursor {
+    off: usize,
+    oh: u32,
+    ow: u32,
+    dh: i32,
+    dw: i32,
+}
+
+impl Operand for PatchesT {
     const K_FAST: bool = true;
+    type Cursor = PositionCursor;
     #[inline(always)]
-    unsafe fn load(&self, k: u32, n: u32) -> f32 {
+    fn open(&self, k: u32, n: u32) -> PositionCursor {
         let s = &self.p.s;
         let ohw = s.oh * s.ow;
         let (img, p) = (k / ohw, k % ohw);
         let (c, r) = (n / s.kk(), n % s.kk());
-        unsafe { self.p.at(img, p / s.ow, p % s.ow, c, r / s.kw, r % s.kw) }
+        PositionCursor {
+            off: self.p.plane(img, c),
+            oh: p / s.ow,
+            ow: p % s.ow,
+            dh: (r / s.kw) as i32 - s.pad as i32,
+            dw: (r % s.kw) as i32 - s.pad as i32,
+        }
+    }
+    #[inline(always)]
+    unsafe fn read(&self, c: &PositionCursor) -> f32 {
+        let st = self.p.s.stride;
+        unsafe {
+            self.p
+                .at(c.off, (c.oh * st) as i32 + c.dh, (c.ow * st) as i32 + c.dw)
+        }
+    }
+    #[inline(always)]
+    fn step(&self, c: &mut PositionCursor) {
+        let s = &self.p.s;
+        let images = self.step.advance(&mut c.oh, &mut c.ow, s.oh, s.ow);
+        c.off += images as usize * (s.c_in * s.h * s.w) as usize;
     }
 }
 
@@ -301,14 +486,20 @@ unsafe fn conv_backward_filter_impl<const TF32: bool>(
 ) {
     let (g, slice) = (bid_z() / splits, bid_z() % splits);
     let k_total = s.n * s.oh * s.ow;
-    let chunk = k_total.div_ceil(splits).div_ceil(crate::gemm::BK) * crate::gemm::BK;
+    let chunk = k_total.div_ceil(splits).div_ceil(BK) * BK;
     let k_begin = slice * chunk;
     let k_end = (k_begin + chunk).min(k_total);
     let n_len = s.cg() * s.kk();
     let dw_len = s.c_out as usize * n_len as usize;
-    let a = GradRows { dy, s, g };
+    let a = GradRows {
+        dy,
+        s,
+        g,
+        step: Step::new(1, s.oh * s.ow),
+    };
     let b = PatchesT {
-        p: Patches { x, s, g },
+        p: Patches::new(x, s, g),
+        step: Step::new(s.oh, s.ow),
     };
     let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
     let e = StoreFilterGrad { ws, offset, n_len };

@@ -2,8 +2,9 @@
 //! layers and the implicit-GEMM convolutions (`conv.rs`).
 //!
 //! `C[m, n] = Σ_k A(m, k) · B(k, n)` where `A` and `B` are *operands*: small
-//! types that know how to fetch one element (plain strided matrices here,
-//! gathered image patches in `conv.rs`) and return 0 outside the matrix. The
+//! types that walk one row of A or column of B along k with a per-thread
+//! cursor (plain strided matrices here, gathered image patches in `conv.rs`).
+//! The
 //! result goes through an *epilogue* that stores it (adding a bias, or writing
 //! a split-K partial).
 //!
@@ -13,8 +14,8 @@
 //! accumulates a 4×4 sub-tile: thread (tx, ty) = (tid % 16, tid / 16) owns rows
 //! `4·ty..4·ty+4` and columns `4·tx..4·tx+4`. Global loads are coalesced along
 //! whichever index is contiguous in memory (`K_FAST`), and that choice keeps
-//! each thread's other index fixed over the K loop, so operand index decoding
-//! (divisions in the conv gathers) is hoisted out of it.
+//! each thread's other index fixed over the K loop, so a cursor opened once
+//! per slot (the only integer divisions) is stepped by adds and compares.
 //!
 //! With `TF32 = true` the same tiles are multiplied on the tensor cores
 //! (`mma.sync` m16n8k8 TF32, operands rounded to TF32 when they enter shared
@@ -37,20 +38,25 @@ const BS_STRIDE: u32 = BN + PAD;
 /// Dynamic shared memory the engine needs, in bytes.
 pub const SHARED_BYTES: u32 = (BK * AS_STRIDE + BK * BS_STRIDE) * 4;
 
-/// The left operand, `A(m, k)`.
-pub trait OperandA {
-    /// Whether consecutive `k` are adjacent in memory (else consecutive `m`).
+/// One operand of the product, `A(m, k)` or `B(k, n)`, read through
+/// per-thread *cursors*: the engine opens a cursor at an element once, then
+/// reads it and steps it `BK` further along k each K step. A cursor carries
+/// its position in whatever mixed-radix form the operand needs (e.g. channel,
+/// kh, kw of an image patch), so stepping costs adds and compares, not the
+/// integer divisions a flat index would need for every element.
+pub trait Operand {
+    /// Whether consecutive `k` are adjacent in memory (else consecutive rows
+    /// of A / columns of B).
     const K_FAST: bool;
-    /// `A(m, k)`, or 0 when `(m, k)` is outside the matrix.
-    unsafe fn load(&self, m: u32, k: u32) -> f32;
-}
-
-/// The right operand, `B(k, n)`.
-pub trait OperandB {
-    /// Whether consecutive `k` are adjacent in memory (else consecutive `n`).
-    const K_FAST: bool;
-    /// `B(k, n)`, or 0 when `(k, n)` is outside the matrix.
-    unsafe fn load(&self, k: u32, n: u32) -> f32;
+    type Cursor: Copy;
+    /// A cursor at `(k, i)`, `i` being the row of A or the column of B. Does
+    /// not touch memory; `(k, i)` may lie outside the operand.
+    fn open(&self, k: u32, i: u32) -> Self::Cursor;
+    /// The element under the cursor (0 in a convolution's padding); called
+    /// only for `k < k_end` and `i` inside the operand.
+    unsafe fn read(&self, c: &Self::Cursor) -> f32;
+    /// Moves the cursor `BK` further along k.
+    fn step(&self, c: &mut Self::Cursor);
 }
 
 /// Where a finished `C[m, n]` goes (called only for `m < M`, `n < N`).
@@ -61,7 +67,7 @@ pub trait Epilogue {
 /// Computes the 64×64 tile of C at block (bid_x, bid_y) over `k` in
 /// `k_begin..k_end`. All 256 threads of the block must call it.
 #[inline(always)]
-pub unsafe fn gemm_tile<A: OperandA, B: OperandB, E: Epilogue, const TF32: bool>(
+pub unsafe fn gemm_tile<A: Operand, B: Operand, E: Epilogue, const TF32: bool>(
     a: &A,
     b: &B,
     e: &E,
@@ -79,7 +85,8 @@ pub unsafe fn gemm_tile<A: OperandA, B: OperandB, E: Epilogue, const TF32: bool>
     let b_s: *mut f32 = unsafe { a_s.add((BK * AS_STRIDE) as usize) };
 
     // Which tile element this thread loads in slot r (0..4): (row, k) for A,
-    // (k, col) for B, both relative to the tile origin.
+    // (k, col) for B, both relative to the tile origin. Over the K loop a
+    // slot keeps its row/column and moves BK along k.
     let a_coord = |r: u32| -> (u32, u32) {
         let e = tid + THREADS * r;
         if A::K_FAST {
@@ -96,23 +103,33 @@ pub unsafe fn gemm_tile<A: OperandA, B: OperandB, E: Epilogue, const TF32: bool>
             (e / BN, e % BN)
         }
     };
+    let a_open = |r: u32| {
+        let (mi, ki) = a_coord(r);
+        a.open(k_begin + ki, m0 + mi)
+    };
+    let b_open = |r: u32| {
+        let (ki, ni) = b_coord(r);
+        b.open(k_begin + ki, n0 + ni)
+    };
+    let mut ca = [a_open(0), a_open(1), a_open(2), a_open(3)];
+    let mut cb = [b_open(0), b_open(1), b_open(2), b_open(3)];
 
-    let load_regs = |k0: u32, ra: &mut [f32; 4], rb: &mut [f32; 4]| {
+    let mut load_regs = |k0: u32, ra: &mut [f32; 4], rb: &mut [f32; 4]| {
         for r in 0..4 {
             let (mi, ki) = a_coord(r);
-            let (m, k) = (m0 + mi, k0 + ki);
-            ra[r as usize] = if m < m_total && k < k_end {
-                unsafe { a.load(m, k) }
+            ra[r as usize] = if m0 + mi < m_total && k0 + ki < k_end {
+                unsafe { a.read(&ca[r as usize]) }
             } else {
                 0.0
             };
+            a.step(&mut ca[r as usize]);
             let (ki, ni) = b_coord(r);
-            let (k, n) = (k0 + ki, n0 + ni);
-            rb[r as usize] = if n < n_total && k < k_end {
-                unsafe { b.load(k, n) }
+            rb[r as usize] = if n0 + ni < n_total && k0 + ki < k_end {
+                unsafe { b.read(&cb[r as usize]) }
             } else {
                 0.0
             };
+            b.step(&mut cb[r as usize]);
         }
     };
 
@@ -249,27 +266,30 @@ macro_rules! gemm_kernels {
 }
 pub(crate) use gemm_kernels;
 
-/// A dense matrix in memory: element (r, c) at `p[r·rs + c·cs]`.
+/// A dense matrix in memory: element `(k, i)` at `p[k·ks + i·is]`.
 #[derive(Clone, Copy)]
 pub struct Strided<const K_FAST: bool> {
     pub p: *const f32,
-    pub rs: usize,
-    pub cs: usize,
+    pub ks: usize,
+    pub is: usize,
 }
 
-impl<const KF: bool> OperandA for Strided<KF> {
+impl<const KF: bool> Operand for Strided<KF> {
     const K_FAST: bool = KF;
+    type Cursor = usize;
     #[inline(always)]
-    unsafe fn load(&self, m: u32, k: u32) -> f32 {
-        unsafe { *self.p.add(m as usize * self.rs + k as usize * self.cs) }
+    fn open(&self, k: u32, i: u32) -> usize {
+        (k as usize)
+            .wrapping_mul(self.ks)
+            .wrapping_add((i as usize).wrapping_mul(self.is))
     }
-}
-
-impl<const KF: bool> OperandB for Strided<KF> {
-    const K_FAST: bool = KF;
     #[inline(always)]
-    unsafe fn load(&self, k: u32, n: u32) -> f32 {
-        unsafe { *self.p.add(k as usize * self.rs + n as usize * self.cs) }
+    unsafe fn read(&self, c: &usize) -> f32 {
+        unsafe { *self.p.add(*c) }
+    }
+    #[inline(always)]
+    fn step(&self, c: &mut usize) {
+        *c = c.wrapping_add(BK as usize * self.ks);
     }
 }
 
@@ -314,13 +334,13 @@ unsafe fn fc_forward_impl<const TF32: bool>(
     let (ni, no) = (inputs as usize, outputs as usize);
     let a = Strided::<true> {
         p: x,
-        rs: ni,
-        cs: 1,
+        ks: 1,
+        is: ni,
     };
     let b = Strided::<true> {
         p: w,
-        rs: 1,
-        cs: ni,
+        ks: 1,
+        is: ni,
     };
     let e = StoreStrided {
         c: y,
@@ -349,13 +369,13 @@ unsafe fn fc_backward_data_impl<const TF32: bool>(
     let (ni, no) = (inputs as usize, outputs as usize);
     let a = Strided::<true> {
         p: dy,
-        rs: no,
-        cs: 1,
+        ks: 1,
+        is: no,
     };
     let b = Strided::<false> {
         p: w,
-        rs: ni,
-        cs: 1,
+        ks: ni,
+        is: 1,
     };
     let e = StoreStrided {
         c: dx,
@@ -384,13 +404,13 @@ unsafe fn fc_backward_filter_impl<const TF32: bool>(
     let (ni, no) = (inputs as usize, outputs as usize);
     let a = Strided::<false> {
         p: dy,
-        rs: 1,
-        cs: no,
+        ks: no,
+        is: 1,
     };
     let b = Strided::<false> {
         p: x,
-        rs: ni,
-        cs: 1,
+        ks: ni,
+        is: 1,
     };
     let e = StoreStrided {
         c: dw,
