@@ -22,8 +22,9 @@ struct Row {
 
 struct Bench {
     be: CudaBackend,
-    /// Whether the conv/fc products run in TF32 (case names get " tf32").
-    use_tf32: bool,
+    /// Suffix of the case names: the precision of the conv/fc products
+    /// ("", " tf32" or " bf16").
+    suffix: &'static str,
     rows: Vec<Row>,
     filters: Vec<String>,
 }
@@ -59,11 +60,7 @@ impl Bench {
         let median = t[t.len() / 2] as f64;
         let row = Row {
             kernel,
-            case: if self.use_tf32 {
-                format!("{case} tf32")
-            } else {
-                case.to_string()
-            },
+            case: format!("{case}{}", self.suffix),
             median_ms: median,
             min_ms: t[0] as f64,
             gflops: (flops > 0.0).then(|| flops / median / 1e6),
@@ -117,7 +114,7 @@ fn main() -> Result<()> {
     );
     let mut b = Bench {
         be,
-        use_tf32: false,
+        suffix: "",
         rows: vec![],
         filters,
     };
@@ -141,13 +138,12 @@ fn main() -> Result<()> {
         ("conv4", conv(384, 13, 384, 3, 1, 1, 2)),
         ("conv5", conv(384, 13, 256, 3, 1, 1, 2)),
     ];
-    for use_tf32 in [false, true] {
-        b.use_tf32 = use_tf32;
-        let p = if use_tf32 {
-            Precision::Tf32
-        } else {
-            Precision::Fp32
-        };
+    for (p, suffix) in [
+        (Precision::Fp32, ""),
+        (Precision::Tf32, " tf32"),
+        (Precision::Bf16, " bf16"),
+    ] {
+        b.suffix = suffix;
         b.be.set_precision(p)?;
         for (i, (name, g)) in convs.iter().enumerate() {
             let seed = i as u64 * 10;
@@ -214,7 +210,7 @@ fn main() -> Result<()> {
             )?;
         }
     }
-    b.use_tf32 = false;
+    b.suffix = "";
     b.be.set_precision(Precision::Fp32)?;
 
     let relu_len = n * 96 * 55 * 55;

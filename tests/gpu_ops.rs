@@ -9,7 +9,9 @@
 //! softmax (PTX ex2/lg2 have ~2^-22 relative error), 0 where the GPU must be
 //! bit-identical (dropout masks, pooling forward, ranks). The conv and fc
 //! products also run in TF32 (operands rounded to 10 mantissa bits, relative
-//! error ≤ 2^-11 each, ≈ 4e-4 on a product of random values): tolerance 1e-3.
+//! error ≤ 2^-11 each, ≈ 4e-4 on a product of random values): tolerance 1e-3;
+//! and in bf16 (8 mantissa bits, ≤ 2^-9 each, ≈ 3e-3 on a product of random
+//! values, summed in fp32): tolerance 1e-2.
 //!
 //! A custom harness (no libtest): without a GPU it prints one SKIPPED line per
 //! test and a summary saying why, so a skip is never mistaken for a pass.
@@ -256,22 +258,33 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
     ]
 }
 
-fn conv_forward(c: &mut Ctx) -> Result<()> {
-    for tf32 in [false, true] {
-        c.gpu.set_precision(if tf32 {
-            Precision::Tf32
-        } else {
-            Precision::Fp32
-        })?;
-        let result = conv_forward_in(c, tf32);
+/// Runs a product test in every precision, leaving the GPU in fp32.
+fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
+    for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+        c.gpu.set_precision(p)?;
+        let result = test(c, p);
         c.gpu.set_precision(Precision::Fp32)?;
         result?;
     }
     Ok(())
 }
 
-fn conv_forward_in(c: &mut Ctx, tf32: bool) -> Result<()> {
-    let (label, tol) = if tf32 { (" tf32", 1e-3) } else { ("", 1e-5) };
+/// Case-name suffix and tolerance of the products in precision `p` (see the
+/// module docs).
+fn label_tol(p: Precision) -> (&'static str, f64) {
+    match p {
+        Precision::Fp32 => ("", 1e-5),
+        Precision::Tf32 => (" tf32", 1e-3),
+        Precision::Bf16 => (" bf16", 1e-2),
+    }
+}
+
+fn conv_forward(c: &mut Ctx) -> Result<()> {
+    each_precision(c, conv_forward_in)
+}
+
+fn conv_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
+    let (label, tol) = label_tol(p);
     for (case, g) in conv_cases() {
         let (x, w, b) = (
             c.randn(g.x_len(), 1.0),
@@ -290,21 +303,11 @@ fn conv_forward_in(c: &mut Ctx, tf32: bool) -> Result<()> {
 }
 
 fn conv_backward_data(c: &mut Ctx) -> Result<()> {
-    for tf32 in [false, true] {
-        c.gpu.set_precision(if tf32 {
-            Precision::Tf32
-        } else {
-            Precision::Fp32
-        })?;
-        let result = conv_backward_data_in(c, tf32);
-        c.gpu.set_precision(Precision::Fp32)?;
-        result?;
-    }
-    Ok(())
+    each_precision(c, conv_backward_data_in)
 }
 
-fn conv_backward_data_in(c: &mut Ctx, tf32: bool) -> Result<()> {
-    let (label, tol) = if tf32 { (" tf32", 1e-3) } else { ("", 1e-5) };
+fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
+    let (label, tol) = label_tol(p);
     for (case, g) in conv_cases() {
         let (dy, w) = (c.randn(g.y_len(), 1.0), c.randn(g.w_len(), 0.1));
         let mut want = vec![0.0; g.x_len()];
@@ -325,21 +328,11 @@ fn conv_backward_data_in(c: &mut Ctx, tf32: bool) -> Result<()> {
 }
 
 fn conv_backward_filter(c: &mut Ctx) -> Result<()> {
-    for tf32 in [false, true] {
-        c.gpu.set_precision(if tf32 {
-            Precision::Tf32
-        } else {
-            Precision::Fp32
-        })?;
-        let result = conv_backward_filter_in(c, tf32);
-        c.gpu.set_precision(Precision::Fp32)?;
-        result?;
-    }
-    Ok(())
+    each_precision(c, conv_backward_filter_in)
 }
 
-fn conv_backward_filter_in(c: &mut Ctx, tf32: bool) -> Result<()> {
-    let (label, tol) = if tf32 { (" tf32", 1e-3) } else { ("", 1e-5) };
+fn conv_backward_filter_in(c: &mut Ctx, p: Precision) -> Result<()> {
+    let (label, tol) = label_tol(p);
     for (case, g) in conv_cases() {
         let (x, dy) = (c.randn(g.x_len(), 1.0), c.randn(g.y_len(), 1.0));
         let mut want = vec![0.0; g.w_len()];
@@ -406,21 +399,11 @@ fn fc_cases() -> Vec<(&'static str, FcGeom)> {
 }
 
 fn fc_forward(c: &mut Ctx) -> Result<()> {
-    for tf32 in [false, true] {
-        c.gpu.set_precision(if tf32 {
-            Precision::Tf32
-        } else {
-            Precision::Fp32
-        })?;
-        let result = fc_forward_in(c, tf32);
-        c.gpu.set_precision(Precision::Fp32)?;
-        result?;
-    }
-    Ok(())
+    each_precision(c, fc_forward_in)
 }
 
-fn fc_forward_in(c: &mut Ctx, tf32: bool) -> Result<()> {
-    let (label, tol) = if tf32 { (" tf32", 1e-3) } else { ("", 1e-5) };
+fn fc_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
+    let (label, tol) = label_tol(p);
     for (case, g) in fc_cases() {
         let (x, w, b) = (
             c.randn(g.n * g.inputs, 1.0),
@@ -439,21 +422,11 @@ fn fc_forward_in(c: &mut Ctx, tf32: bool) -> Result<()> {
 }
 
 fn fc_backward_data(c: &mut Ctx) -> Result<()> {
-    for tf32 in [false, true] {
-        c.gpu.set_precision(if tf32 {
-            Precision::Tf32
-        } else {
-            Precision::Fp32
-        })?;
-        let result = fc_backward_data_in(c, tf32);
-        c.gpu.set_precision(Precision::Fp32)?;
-        result?;
-    }
-    Ok(())
+    each_precision(c, fc_backward_data_in)
 }
 
-fn fc_backward_data_in(c: &mut Ctx, tf32: bool) -> Result<()> {
-    let (label, tol) = if tf32 { (" tf32", 1e-3) } else { ("", 1e-5) };
+fn fc_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
+    let (label, tol) = label_tol(p);
     for (case, g) in fc_cases() {
         let (dy, w) = (
             c.randn(g.n * g.outputs, 1.0),
@@ -477,21 +450,11 @@ fn fc_backward_data_in(c: &mut Ctx, tf32: bool) -> Result<()> {
 }
 
 fn fc_backward_filter(c: &mut Ctx) -> Result<()> {
-    for tf32 in [false, true] {
-        c.gpu.set_precision(if tf32 {
-            Precision::Tf32
-        } else {
-            Precision::Fp32
-        })?;
-        let result = fc_backward_filter_in(c, tf32);
-        c.gpu.set_precision(Precision::Fp32)?;
-        result?;
-    }
-    Ok(())
+    each_precision(c, fc_backward_filter_in)
 }
 
-fn fc_backward_filter_in(c: &mut Ctx, tf32: bool) -> Result<()> {
-    let (label, tol) = if tf32 { (" tf32", 1e-3) } else { ("", 1e-5) };
+fn fc_backward_filter_in(c: &mut Ctx, p: Precision) -> Result<()> {
+    let (label, tol) = label_tol(p);
     for (case, g) in fc_cases() {
         let (x, dy) = (c.randn(g.n * g.inputs, 1.0), c.randn(g.n * g.outputs, 1.0));
         let mut want = vec![0.0; g.outputs * g.inputs];

@@ -191,7 +191,7 @@ impl Epilogue for StoreOutput {
 
 /// Convolution forward, `y = conv(x, w) + bias`; see the module doc.
 /// Grid (⌈N·OH·OW/64⌉, ⌈Fg/64⌉, G).
-unsafe fn conv_forward_impl<const TF32: bool>(
+unsafe fn conv_forward_impl<const MODE: u8>(
     s: ConvShape,
     x: *const f32,
     w: *const f32,
@@ -207,10 +207,10 @@ unsafe fn conv_forward_impl<const TF32: bool>(
     };
     let b = Patches::new(x, s, g);
     let e = StoreOutput { y, bias, s, g };
-    unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, s.fg(), s.n * s.oh * s.ow, 0, k_len) };
+    unsafe { gemm_tile::<_, _, _, MODE>(&a, &b, &e, s.fg(), s.n * s.oh * s.ow, 0, k_len) };
 }
 
-gemm_kernels!(conv_forward_impl => conv_forward, conv_forward_tf32 (s: ConvShape, x: *const f32, w: *const f32, bias: *const f32, y: *mut f32));
+gemm_kernels!(conv_forward_impl => conv_forward, conv_forward_tf32, conv_forward_bf16 (s: ConvShape, x: *const f32, w: *const f32, bias: *const f32, y: *mut f32));
 
 /// w viewed as A(c, (f,kh,kw)) for one group (the transposed filter bank):
 /// `w[(f·Cg + c)·KK + r]`, r = kh·KW + kw.
@@ -342,7 +342,7 @@ impl Epilogue for StoreInputGrad {
 
 /// Convolution data gradient, `dx = ∂L/∂x`; see the module doc.
 /// Grid (⌈N·H·W/64⌉, ⌈Cg/64⌉, G).
-unsafe fn conv_backward_data_impl<const TF32: bool>(
+unsafe fn conv_backward_data_impl<const MODE: u8>(
     s: ConvShape,
     dy: *const f32,
     w: *const f32,
@@ -362,10 +362,10 @@ unsafe fn conv_backward_data_impl<const TF32: bool>(
         step: Step::new(s.kh, s.kw),
     };
     let e = StoreInputGrad { dx, s, g };
-    unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, s.cg(), s.n * s.h * s.w, 0, k_len) };
+    unsafe { gemm_tile::<_, _, _, MODE>(&a, &b, &e, s.cg(), s.n * s.h * s.w, 0, k_len) };
 }
 
-gemm_kernels!(conv_backward_data_impl => conv_backward_data, conv_backward_data_tf32 (s: ConvShape, dy: *const f32, w: *const f32, dx: *mut f32));
+gemm_kernels!(conv_backward_data_impl => conv_backward_data, conv_backward_data_tf32, conv_backward_data_bf16 (s: ConvShape, dy: *const f32, w: *const f32, dx: *mut f32));
 
 /// dy viewed as A(f, (n,oh,ow)) for one group.
 struct GradRows {
@@ -477,7 +477,7 @@ impl Epilogue for StoreFilterGrad {
 /// Convolution weight gradient, one split-K slice per z; see the module doc.
 /// `ws` holds `splits` copies of dw (with `splits == 1` it may be dw itself).
 /// Grid (⌈Cg·KH·KW/64⌉, ⌈Fg/64⌉, G·splits).
-unsafe fn conv_backward_filter_impl<const TF32: bool>(
+unsafe fn conv_backward_filter_impl<const MODE: u8>(
     s: ConvShape,
     x: *const f32,
     dy: *const f32,
@@ -503,10 +503,10 @@ unsafe fn conv_backward_filter_impl<const TF32: bool>(
     };
     let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
     let e = StoreFilterGrad { ws, offset, n_len };
-    unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, s.fg(), n_len, k_begin, k_end) };
+    unsafe { gemm_tile::<_, _, _, MODE>(&a, &b, &e, s.fg(), n_len, k_begin, k_end) };
 }
 
-gemm_kernels!(conv_backward_filter_impl => conv_backward_filter, conv_backward_filter_tf32 (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32));
+gemm_kernels!(conv_backward_filter_impl => conv_backward_filter, conv_backward_filter_tf32, conv_backward_filter_bf16 (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32));
 
 /// Convolution bias gradient, `db[c] = Σ_{n,h,w} dy[n, c, h, w]`: one block
 /// per channel (grid x = C_out) walking its planes image by image (coalesced,

@@ -213,3 +213,74 @@ pub fn mma_tf32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
     };
     c
 }
+
+/// fp32 → bf16 (round to nearest even; `cvt.rn.bf16.f32`), as its 16 bits.
+#[inline(always)]
+pub fn to_bf16(x: f32) -> u16 {
+    let y: u16;
+    unsafe { asm!("cvt.rn.bf16.f32 {y}, {x};", y = out(reg16) y, x = in(reg32) x) };
+    y
+}
+
+/// One warp-wide tensor-core product `c += a·b` on a 16×8×16 tile in bf16
+/// with fp32 accumulation: `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`.
+/// Each register holds two bf16 adjacent along k (the lower k in the low
+/// half). With `g = lane / 4`, `t = lane % 4`: `a = [A[g][2t..], A[g+8][2t..],
+/// A[g][2t+8..], A[g+8][2t+8..]]`, `b = [B[2t..][g], B[2t+8..][g]]`, `c` as in
+/// [`mma_tf32`].
+#[inline(always)]
+pub fn mma_bf16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    let mut c = c;
+    unsafe {
+        asm!(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{c0},{c1},{c2},{c3}}}, {{{a0},{a1},{a2},{a3}}}, {{{b0},{b1}}}, {{{c0},{c1},{c2},{c3}}};",
+            c0 = inout(reg32) c[0],
+            c1 = inout(reg32) c[1],
+            c2 = inout(reg32) c[2],
+            c3 = inout(reg32) c[3],
+            a0 = in(reg32) a[0],
+            a1 = in(reg32) a[1],
+            a2 = in(reg32) a[2],
+            a3 = in(reg32) a[3],
+            b0 = in(reg32) b[0],
+            b1 = in(reg32) b[1],
+        )
+    };
+    c
+}
+
+/// The 32-bit shared-window address of a generic pointer into shared memory.
+#[inline(always)]
+pub fn shared_addr<T>(p: *const T) -> u32 {
+    let a: u32;
+    unsafe {
+        asm!(
+            "{{ .reg .u64 s; cvta.to.shared.u64 s, {p}; cvt.u32.u64 {a}, s; }}",
+            p = in(reg64) p,
+            a = out(reg32) a,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    a
+}
+
+/// Four floats from shared memory at window address `addr` (see
+/// [`shared_addr`]) in one `ld.shared.v4.f32`; `addr` must be 16-byte aligned.
+/// (LLVM only knows the dynamic shared base as 4-byte aligned, so plain Rust
+/// would load the four one by one.)
+#[inline(always)]
+pub unsafe fn ld_shared_v4(addr: u32) -> [f32; 4] {
+    let (a, b, c, d): (f32, f32, f32, f32);
+    unsafe {
+        asm!(
+            "ld.shared.v4.f32 {{{a},{b},{c},{d}}}, [{addr}];",
+            addr = in(reg32) addr,
+            a = out(reg32) a,
+            b = out(reg32) b,
+            c = out(reg32) c,
+            d = out(reg32) d,
+            options(readonly, nostack, preserves_flags),
+        )
+    };
+    [a, b, c, d]
+}

@@ -17,15 +17,29 @@
 //! each thread's other index fixed over the K loop, so a cursor opened once
 //! per slot (the only integer divisions) is stepped by adds and compares.
 //!
-//! With `TF32 = true` the same tiles are multiplied on the tensor cores
-//! (`mma.sync` m16n8k8 TF32, operands rounded to TF32 when they enter shared
-//! memory, fp32 accumulation): warp w of 8 owns a 16×32 slice of the tile,
-//! rows `16·(w / 2)..`, columns `32·(w % 2)..`, as four 16×8 accumulators.
+//! The `MODE` parameter picks the arithmetic. `FP32`: CUDA-core FMAs as above.
+//! `TF32`: the same tiles on the tensor cores (`mma.sync` m16n8k8, operands
+//! rounded to TF32 when they enter shared memory, fp32 accumulation).
+//! `BF16`: operands rounded to bf16 when they enter shared memory, stored as
+//! pairs adjacent along k (the register layout of `mma.sync` m16n8k16 bf16),
+//! fp32 accumulation. In both tensor-core modes warp w of 8 owns a 16×32
+//! slice of the tile, rows `16·(w / 2)..`, columns `32·(w % 2)..`, as four
+//! 16×8 accumulators.
 //!
 //! Grid: x over 64-column tiles of N, y over 64-row tiles of M, z over
 //! independent problems (conv groups × split-K slices).
 
-use crate::device::{bid_x, bid_y, fma, mma_tf32, shared, sync_threads, tid_x, to_tf32};
+use crate::device::{
+    bid_x, bid_y, fma, ld_shared_v4, mma_bf16, mma_tf32, shared, shared_addr, sync_threads, tid_x,
+    to_bf16, to_tf32,
+};
+
+/// `MODE` of [`gemm_tile`]: fp32 FMAs on the CUDA cores.
+pub const FP32: u8 = 0;
+/// `MODE` of [`gemm_tile`]: TF32 tensor cores.
+pub const TF32: u8 = 1;
+/// `MODE` of [`gemm_tile`]: bf16 tensor cores.
+pub const BF16: u8 = 2;
 
 pub const BM: u32 = 64;
 pub const BN: u32 = 64;
@@ -35,6 +49,9 @@ pub const THREADS: u32 = 256;
 const PAD: u32 = 4;
 const AS_STRIDE: u32 = BM + PAD;
 const BS_STRIDE: u32 = BN + PAD;
+/// Row stride, in bf16 pairs, of the BF16 tiles (`[BK/2][row][2]`): 72 words
+/// put the 32 lanes of a fragment load (`t·72 + g`) in 32 different banks.
+const PAIR_STRIDE: u32 = 72;
 /// Dynamic shared memory the engine needs, in bytes.
 pub const SHARED_BYTES: u32 = (BK * AS_STRIDE + BK * BS_STRIDE) * 4;
 
@@ -67,7 +84,7 @@ pub trait Epilogue {
 /// Computes the 64×64 tile of C at block (bid_x, bid_y) over `k` in
 /// `k_begin..k_end`. All 256 threads of the block must call it.
 #[inline(always)]
-pub unsafe fn gemm_tile<A: Operand, B: Operand, E: Epilogue, const TF32: bool>(
+pub unsafe fn gemm_tile<A: Operand, B: Operand, E: Epilogue, const MODE: u8>(
     a: &A,
     b: &B,
     e: &E,
@@ -83,6 +100,10 @@ pub unsafe fn gemm_tile<A: Operand, B: Operand, E: Epilogue, const TF32: bool>(
     let n0 = bid_x() * BN;
     let a_s: *mut f32 = shared::<f32>();
     let b_s: *mut f32 = unsafe { a_s.add((BK * AS_STRIDE) as usize) };
+    // BF16 tiles: element (k, row) at `((k/2)·PAIR_STRIDE + row)·2 + k%2`.
+    let a_h: *mut u16 = a_s as *mut u16;
+    let b_h: *mut u16 = unsafe { a_h.add((BK * PAIR_STRIDE) as usize) };
+    let pair_idx = |k: u32, row: u32| (((k / 2) * PAIR_STRIDE + row) * 2 + k % 2) as usize;
 
     // Which tile element this thread loads in slot r (0..4): (row, k) for A,
     // (k, col) for B, both relative to the tile origin. Over the K loop a
@@ -133,7 +154,17 @@ pub unsafe fn gemm_tile<A: Operand, B: Operand, E: Epilogue, const TF32: bool>(
         }
     };
 
-    let round = |v: f32| if TF32 { f32::from_bits(to_tf32(v)) } else { v };
+    // Shared-window addresses of this thread's 4 A rows and 4 B columns
+    // (fp32 mode).
+    let a_row = shared_addr(a_s) + ty * 16;
+    let b_col = shared_addr(b_s) + tx * 16;
+    let round = |v: f32| {
+        if MODE == TF32 {
+            f32::from_bits(to_tf32(v))
+        } else {
+            v
+        }
+    };
     let mut acc = [[0.0f32; 4]; 4];
     let mut ra = [0.0f32; 4];
     let mut rb = [0.0f32; 4];
@@ -144,23 +175,32 @@ pub unsafe fn gemm_tile<A: Operand, B: Operand, E: Epilogue, const TF32: bool>(
     while k0 < k_end {
         for r in 0..4 {
             let (mi, ki) = a_coord(r);
-            unsafe { *a_s.add((ki * AS_STRIDE + mi) as usize) = round(ra[r as usize]) };
+            if MODE == BF16 {
+                unsafe { *a_h.add(pair_idx(ki, mi)) = to_bf16(ra[r as usize]) };
+            } else {
+                unsafe { *a_s.add((ki * AS_STRIDE + mi) as usize) = round(ra[r as usize]) };
+            }
             let (ki, ni) = b_coord(r);
-            unsafe { *b_s.add((ki * BS_STRIDE + ni) as usize) = round(rb[r as usize]) };
+            if MODE == BF16 {
+                unsafe { *b_h.add(pair_idx(ki, ni)) = to_bf16(rb[r as usize]) };
+            } else {
+                unsafe { *b_s.add((ki * BS_STRIDE + ni) as usize) = round(rb[r as usize]) };
+            }
         }
         sync_threads();
         let next = k0 + BK;
         if next < k_end {
             load_regs(next, &mut ra, &mut rb);
         }
-        if TF32 {
+        if MODE == TF32 {
             unsafe { mma_steps(a_s, b_s, &mut acc) };
+        } else if MODE == BF16 {
+            unsafe { mma_step_bf16(a_s as *const u32, b_h as *const u32, &mut acc) };
         } else {
             for kk in 0..BK {
-                let av: [f32; 4] =
-                    unsafe { *(a_s.add((kk * AS_STRIDE + ty * 4) as usize) as *const [f32; 4]) };
-                let bv: [f32; 4] =
-                    unsafe { *(b_s.add((kk * BS_STRIDE + tx * 4) as usize) as *const [f32; 4]) };
+                // 16-byte aligned: strides and offsets are multiples of 4 floats.
+                let av = unsafe { ld_shared_v4(a_row + kk * AS_STRIDE * 4) };
+                let bv = unsafe { ld_shared_v4(b_col + kk * BS_STRIDE * 4) };
                 for i in 0..4 {
                     for j in 0..4 {
                         acc[i][j] = fma(av[i], bv[j], acc[i][j]);
@@ -175,7 +215,7 @@ pub unsafe fn gemm_tile<A: Operand, B: Operand, E: Epilogue, const TF32: bool>(
     // Written out so that `acc` stays in registers (a loop the compiler
     // declines to unroll would index it at run time, from local memory).
     let store = |i: u32, j: u32, v: f32| {
-        let (mi, ni) = if TF32 {
+        let (mi, ni) = if MODE != FP32 {
             tc_coord(tid, i, j)
         } else {
             (ty * 4 + i, tx * 4 + j)
@@ -248,19 +288,50 @@ unsafe fn mma_steps(a_s: *const f32, b_s: *const f32, acc: &mut [[f32; 4]; 4]) {
     }
 }
 
-/// Declares the fp32 and TF32 entry points of a GEMM-engine kernel
-/// (`$impl::<false>` and `$impl::<true>`), with the same parameters.
+/// The bf16 inner loop over one shared-memory K tile: one k16 step, four
+/// m16n8k16 products per warp. `a_p`/`b_p` are the tiles as bf16 pairs.
+#[inline(always)]
+unsafe fn mma_step_bf16(a_p: *const u32, b_p: *const u32, acc: &mut [[f32; 4]; 4]) {
+    let tid = tid_x();
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let row0 = 16 * (warp / 2);
+    let col0 = 32 * (warp % 2);
+    let ld = |p: *const u32, k2: u32, x: u32| unsafe { *p.add((k2 * PAIR_STRIDE + x) as usize) };
+    let a = [
+        ld(a_p, t, row0 + g),
+        ld(a_p, t, row0 + g + 8),
+        ld(a_p, t + 4, row0 + g),
+        ld(a_p, t + 4, row0 + g + 8),
+    ];
+    let b = |j: u32| {
+        let col = col0 + 8 * j + g;
+        [ld(b_p, t, col), ld(b_p, t + 4, col)]
+    };
+    acc[0] = mma_bf16(a, b(0), acc[0]);
+    acc[1] = mma_bf16(a, b(1), acc[1]);
+    acc[2] = mma_bf16(a, b(2), acc[2]);
+    acc[3] = mma_bf16(a, b(3), acc[3]);
+}
+
+/// Declares the fp32, TF32 and bf16 entry points of a GEMM-engine kernel
+/// (`$impl::<FP32>`, `<TF32>`, `<BF16>`), with the same parameters.
 macro_rules! gemm_kernels {
-    ($imp:ident => $fp32:ident, $tf32:ident ($($arg:ident: $ty:ty),* $(,)?)) => {
+    ($imp:ident => $fp32:ident, $tf32:ident, $bf16:ident ($($arg:ident: $ty:ty),* $(,)?)) => {
         /// fp32 (CUDA-core FMA) variant; see the `_impl` function's doc.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fp32($($arg: $ty),*) {
-            unsafe { $imp::<false>($($arg),*) }
+            unsafe { $imp::<{ $crate::gemm::FP32 }>($($arg),*) }
         }
         /// TF32 tensor-core variant; see the `_impl` function's doc.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $tf32($($arg: $ty),*) {
-            unsafe { $imp::<true>($($arg),*) }
+            unsafe { $imp::<{ $crate::gemm::TF32 }>($($arg),*) }
+        }
+        /// bf16 tensor-core variant; see the `_impl` function's doc.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bf16($($arg: $ty),*) {
+            unsafe { $imp::<{ $crate::gemm::BF16 }>($($arg),*) }
         }
     };
 }
@@ -322,7 +393,7 @@ impl Epilogue for StoreStrided {
 /// As a GEMM: M = batch, N = outputs, K = inputs; A = x (row-major, k fast),
 /// B(k, n) = w[n, k] (k fast). Grid (⌈outputs/64⌉, ⌈batch/64⌉, 1), 256 threads,
 /// `SHARED_BYTES` of dynamic shared memory.
-unsafe fn fc_forward_impl<const TF32: bool>(
+unsafe fn fc_forward_impl<const MODE: u8>(
     x: *const f32,
     w: *const f32,
     bias: *const f32,
@@ -349,16 +420,16 @@ unsafe fn fc_forward_impl<const TF32: bool>(
         bias,
         bias_by_row: false,
     };
-    unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, batch, outputs, 0, inputs) };
+    unsafe { gemm_tile::<_, _, _, MODE>(&a, &b, &e, batch, outputs, 0, inputs) };
 }
 
-gemm_kernels!(fc_forward_impl => fc_forward, fc_forward_tf32 (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32));
+gemm_kernels!(fc_forward_impl => fc_forward, fc_forward_tf32, fc_forward_bf16 (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32));
 
 /// Fully connected data gradient, `dx[b, i] = Σ_o dy[b, o]·w[o, i]`.
 ///
 /// M = batch, N = inputs, K = outputs; A = dy (k fast), B(k, n) = w[k, n]
 /// (n fast). Grid (⌈inputs/64⌉, ⌈batch/64⌉, 1).
-unsafe fn fc_backward_data_impl<const TF32: bool>(
+unsafe fn fc_backward_data_impl<const MODE: u8>(
     dy: *const f32,
     w: *const f32,
     dx: *mut f32,
@@ -384,16 +455,16 @@ unsafe fn fc_backward_data_impl<const TF32: bool>(
         bias: core::ptr::null(),
         bias_by_row: false,
     };
-    unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, batch, inputs, 0, outputs) };
+    unsafe { gemm_tile::<_, _, _, MODE>(&a, &b, &e, batch, inputs, 0, outputs) };
 }
 
-gemm_kernels!(fc_backward_data_impl => fc_backward_data, fc_backward_data_tf32 (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32));
+gemm_kernels!(fc_backward_data_impl => fc_backward_data, fc_backward_data_tf32, fc_backward_data_bf16 (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32));
 
 /// Fully connected weight gradient, `dw[o, i] = Σ_b dy[b, o]·x[b, i]`.
 ///
 /// M = outputs, N = inputs, K = batch; A(m, k) = dy[k, m] (m fast),
 /// B(k, n) = x[k, n] (n fast). Grid (⌈inputs/64⌉, ⌈outputs/64⌉, 1).
-unsafe fn fc_backward_filter_impl<const TF32: bool>(
+unsafe fn fc_backward_filter_impl<const MODE: u8>(
     x: *const f32,
     dy: *const f32,
     dw: *mut f32,
@@ -419,10 +490,10 @@ unsafe fn fc_backward_filter_impl<const TF32: bool>(
         bias: core::ptr::null(),
         bias_by_row: false,
     };
-    unsafe { gemm_tile::<_, _, _, TF32>(&a, &b, &e, outputs, inputs, 0, batch) };
+    unsafe { gemm_tile::<_, _, _, MODE>(&a, &b, &e, outputs, inputs, 0, batch) };
 }
 
-gemm_kernels!(fc_backward_filter_impl => fc_backward_filter, fc_backward_filter_tf32 (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32));
+gemm_kernels!(fc_backward_filter_impl => fc_backward_filter, fc_backward_filter_tf32, fc_backward_filter_bf16 (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32));
 
 /// Fully connected bias gradient, `db[o] = Σ_b dy[b, o]`: one thread per
 /// output (coalesced across o), summing over the batch in order.

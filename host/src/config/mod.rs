@@ -139,7 +139,8 @@ pub enum Precision {
     Fp32,
     /// fp32 storage, TF32 tensor-core products.
     Tf32,
-    /// bf16 products with fp32 accumulation and fp32 master weights.
+    /// fp32 storage, bf16 tensor-core products (operands rounded to bf16),
+    /// fp32 accumulation and master weights.
     Bf16,
 }
 

@@ -8,7 +8,7 @@
 //! `splitk_reduce` adds them in a fixed order, keeping results deterministic.
 
 use super::gemm::tiles;
-use super::{CudaBackend, check_len, grid_1d, launch};
+use super::{CudaBackend, check_len, gemm_names, grid_1d, launch};
 use crate::backend::ConvGeom;
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
@@ -65,7 +65,7 @@ pub(super) fn conv_forward(
     check_len("conv_forward bias", bias, g.c_out)?;
     check_len("conv_forward y", y, g.y_len())?;
     let cfg = tiles(g.c_out / g.groups, g.n * g.out_h() * g.out_w(), g.groups);
-    launch!(be, be.gemm_kernel("conv_forward", "conv_forward_tf32"), cfg, || format!("{g:?}"); &s, x, w, bias, y)
+    launch!(be, be.gemm_kernel(gemm_names!("conv_forward")), cfg, || format!("{g:?}"); &s, x, w, bias, y)
 }
 
 pub(super) fn conv_backward_data(
@@ -80,7 +80,7 @@ pub(super) fn conv_backward_data(
     check_len("conv_backward_data w", w, g.w_len())?;
     check_len("conv_backward_data dx", dx, g.x_len())?;
     let cfg = tiles(g.c_in / g.groups, g.n * g.h * g.w, g.groups);
-    launch!(be, be.gemm_kernel("conv_backward_data", "conv_backward_data_tf32"), cfg, || format!("{g:?}"); &s, dy, w, dx)
+    launch!(be, be.gemm_kernel(gemm_names!("conv_backward_data")), cfg, || format!("{g:?}"); &s, dy, w, dx)
 }
 
 /// How many K slices the weight gradient uses: enough blocks for ~2 per SM,
@@ -110,11 +110,11 @@ pub(super) fn conv_backward_filter(
     let cfg = tiles(g.c_out / g.groups, n_len, g.groups * splits as usize);
     let what = || format!("{g:?} splits={splits}");
     if splits == 1 {
-        return launch!(be, be.gemm_kernel("conv_backward_filter", "conv_backward_filter_tf32"), cfg, what; &s, x, dy, dw, &splits);
+        return launch!(be, be.gemm_kernel(gemm_names!("conv_backward_filter")), cfg, what; &s, x, dy, dw, &splits);
     }
     let len = g.w_len();
     be.with_workspace(len * splits as usize, |ws| {
-        launch!(be, be.gemm_kernel("conv_backward_filter", "conv_backward_filter_tf32"), cfg, what; &s, x, dy, &mut *ws, &splits)?;
+        launch!(be, be.gemm_kernel(gemm_names!("conv_backward_filter")), cfg, what; &s, x, dy, &mut *ws, &splits)?;
         launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits)
     })
 }

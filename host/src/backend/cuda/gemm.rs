@@ -3,7 +3,7 @@
 //! GEMM's N and y over its M; see `gpu-kernels/src/gemm.rs`) and
 //! `fc_backward_bias` (one thread per output).
 
-use super::{CudaBackend, check_len, launch};
+use super::{CudaBackend, check_len, gemm_names, launch};
 use crate::backend::FcGeom;
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, LaunchConfig};
@@ -37,7 +37,7 @@ pub(super) fn fc_forward(
     check_len("fc_forward bias", b, g.outputs)?;
     check_len("fc_forward y", y, g.n * g.outputs)?;
     let (n, i, o) = dims(g);
-    launch!(be, be.gemm_kernel("fc_forward", "fc_forward_tf32"), tiles(g.n, g.outputs, 1), || format!("{g:?}"); x, w, b, y, &n, &i, &o)
+    launch!(be, be.gemm_kernel(gemm_names!("fc_forward")), tiles(g.n, g.outputs, 1), || format!("{g:?}"); x, w, b, y, &n, &i, &o)
 }
 
 pub(super) fn fc_backward_data(
@@ -51,7 +51,7 @@ pub(super) fn fc_backward_data(
     check_len("fc_backward_data w", w, g.outputs * g.inputs)?;
     check_len("fc_backward_data dx", dx, g.n * g.inputs)?;
     let (n, i, o) = dims(g);
-    launch!(be, be.gemm_kernel("fc_backward_data", "fc_backward_data_tf32"), tiles(g.n, g.inputs, 1), || format!("{g:?}"); dy, w, dx, &n, &i, &o)
+    launch!(be, be.gemm_kernel(gemm_names!("fc_backward_data")), tiles(g.n, g.inputs, 1), || format!("{g:?}"); dy, w, dx, &n, &i, &o)
 }
 
 pub(super) fn fc_backward_filter(
@@ -65,7 +65,7 @@ pub(super) fn fc_backward_filter(
     check_len("fc_backward_filter dy", dy, g.n * g.outputs)?;
     check_len("fc_backward_filter dw", dw, g.outputs * g.inputs)?;
     let (n, i, o) = dims(g);
-    launch!(be, be.gemm_kernel("fc_backward_filter", "fc_backward_filter_tf32"), tiles(g.outputs, g.inputs, 1), || format!("{g:?}"); x, dy, dw, &n, &i, &o)
+    launch!(be, be.gemm_kernel(gemm_names!("fc_backward_filter")), tiles(g.outputs, g.inputs, 1), || format!("{g:?}"); x, dy, dw, &n, &i, &o)
 }
 
 pub(super) fn fc_backward_bias(

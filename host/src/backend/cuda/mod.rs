@@ -35,16 +35,22 @@ const KERNELS: &[&str] = &[
     "conv_backward_data",
     "conv_backward_filter",
     "conv_forward_tf32",
+    "conv_forward_bf16",
     "conv_backward_data_tf32",
+    "conv_backward_data_bf16",
     "conv_backward_filter_tf32",
+    "conv_backward_filter_bf16",
     "conv_backward_bias",
     "splitk_reduce",
     "fc_forward",
     "fc_backward_data",
     "fc_backward_filter",
     "fc_forward_tf32",
+    "fc_forward_bf16",
     "fc_backward_data_tf32",
+    "fc_backward_data_bf16",
     "fc_backward_filter_tf32",
+    "fc_backward_filter_bf16",
     "fc_backward_bias",
     "relu_forward",
     "relu_backward",
@@ -137,8 +143,8 @@ pub struct CudaBackend {
     /// Scratch for split-K partial sums, grown on demand (stream-ordered reuse).
     workspace: Mutex<Option<CudaSlice<f32>>>,
     label: String,
-    /// TF32 tensor cores for the conv and fc products.
-    tf32: bool,
+    /// Arithmetic of the conv and fc products.
+    precision: crate::config::Precision,
 }
 
 impl CudaBackend {
@@ -184,7 +190,7 @@ impl CudaBackend {
             sync_each_launch: std::env::var("ALEXNET_SYNC_LAUNCHES").is_ok_and(|v| v == "1"),
             workspace: Mutex::new(None),
             label,
-            tf32: false,
+            precision: crate::config::Precision::Fp32,
         })
     }
 
@@ -199,20 +205,22 @@ impl CudaBackend {
     }
 
     /// Chooses the arithmetic of the conv and fc products: fp32 on the CUDA
-    /// cores (default) or TF32 on the tensor cores. bf16 is not implemented.
+    /// cores (default), TF32 or bf16 on the tensor cores (fp32 storage and
+    /// accumulation in every mode).
     pub fn set_precision(&mut self, p: crate::config::Precision) -> Result<()> {
-        use crate::config::Precision;
-        self.tf32 = match p {
-            Precision::Fp32 => false,
-            Precision::Tf32 => true,
-            Precision::Bf16 => bail!("precision bf16 is not implemented yet (use fp32 or tf32)"),
-        };
+        self.precision = p;
         Ok(())
     }
 
-    /// `name` or, in TF32 mode, `name_tf32` (for the GEMM-engine kernels).
-    fn gemm_kernel(&self, fp32: &'static str, tf32: &'static str) -> &'static str {
-        if self.tf32 { tf32 } else { fp32 }
+    /// The variant of a GEMM-engine kernel for the current precision, from
+    /// `[fp32, tf32, bf16]` names (see [`gemm_names`]).
+    fn gemm_kernel(&self, names: [&'static str; 3]) -> &'static str {
+        use crate::config::Precision;
+        match self.precision {
+            Precision::Fp32 => names[0],
+            Precision::Tf32 => names[1],
+            Precision::Bf16 => names[2],
+        }
     }
 
     fn func(&self, name: &'static str) -> &CudaFunction {
@@ -269,6 +277,14 @@ impl CudaBackend {
 
 /// Launches `$name` on the backend's stream with the given arguments; `$what`
 /// (a closure giving the shapes as text) goes into any error message.
+/// `[name, name_tf32, name_bf16]`: the variants of a GEMM-engine kernel.
+macro_rules! gemm_names {
+    ($base:literal) => {
+        [$base, concat!($base, "_tf32"), concat!($base, "_bf16")]
+    };
+}
+pub(crate) use gemm_names;
+
 macro_rules! launch {
     ($be:expr, $name:expr, $cfg:expr, $what:expr; $($arg:expr),* $(,)?) => {{
         let be: &$crate::backend::cuda::CudaBackend = $be;
