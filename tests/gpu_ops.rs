@@ -130,6 +130,7 @@ const TESTS: &[(&str, Test)] = &[
     ("label_rank", label_rank),
     ("sgd_update", sgd_update),
     ("train_steps", train_steps),
+    ("staged_writes", staged_writes),
 ];
 
 fn main() {
@@ -906,6 +907,33 @@ fn train_steps(c: &mut Ctx) -> Result<()> {
             &w.data,
             1e-4,
         );
+    }
+    Ok(())
+}
+
+/// Large writes go through two pinned staging buffers used in turn, with
+/// asynchronous copies: back-to-back writes (reusing a buffer while the copy
+/// out of it may still be queued, and overwriting a device buffer) must land
+/// exactly.
+fn staged_writes(c: &mut Ctx) -> Result<()> {
+    for len in [(1 << 18) + 17, 3 << 18] {
+        let data: Vec<Vec<f32>> = (0..5).map(|_| c.randn(len, 1.0)).collect();
+        let mut bufs: Vec<_> = (0..3).map(|_| c.gpu.poisoned(len)).collect::<Result<_>>()?;
+        // Five writes alternate over the two staging buffers; buffer 2 is
+        // written twice, the second write must win.
+        for (i, d) in data.iter().enumerate() {
+            c.gpu.write(&mut bufs[i.min(2)], d)?;
+        }
+        for (i, want) in [&data[0], &data[1], &data[4]].into_iter().enumerate() {
+            let got = c.gpu.download(&bufs[i])?;
+            c.check(
+                "staged_writes",
+                &format!("{len} floats, buffer {i}"),
+                &got,
+                want,
+                0.0,
+            );
+        }
     }
     Ok(())
 }

@@ -145,7 +145,23 @@ pub struct CudaBackend {
     label: String,
     /// Arithmetic of the conv and fc products.
     precision: crate::config::Precision,
+    /// Pinned staging buffers for large uploads (see [`CudaBackend::write`]).
+    staging: Mutex<Staging>,
 }
+
+/// Two page-locked host buffers used in turn: a large `write` copies the
+/// caller's data into one (CPU threads) and queues an asynchronous copy from
+/// it, so the host thread does not wait for the GPU to reach the copy (a
+/// pageable copy of a batch would). Reusing a buffer waits for its previous
+/// copy (the buffer's own event).
+#[derive(Default)]
+struct Staging {
+    bufs: [Option<cudarc::driver::PinnedHostSlice<f32>>; 2],
+    next: usize,
+}
+
+/// Writes of at least this many floats go through [`Staging`].
+const STAGED_WRITE_MIN: usize = 1 << 18;
 
 impl CudaBackend {
     /// Opens GPU `ordinal`, loads the embedded PTX and resolves every kernel.
@@ -191,6 +207,7 @@ impl CudaBackend {
             workspace: Mutex::new(None),
             label,
             precision: crate::config::Precision::Fp32,
+            staging: Mutex::new(Staging::default()),
         })
     }
 
@@ -338,7 +355,35 @@ impl Backend for CudaBackend {
     }
     fn write(&self, dst: &mut CudaSlice<f32>, host: &[f32]) -> Result<()> {
         check_len("write", dst, host.len())?;
-        self.stream.memcpy_htod(host, dst).map_err(gpu_err)
+        if host.len() < STAGED_WRITE_MIN {
+            return self.stream.memcpy_htod(host, dst).map_err(gpu_err);
+        }
+        let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = staging.next;
+        staging.next ^= 1;
+        let buf = &mut staging.bufs[slot];
+        if buf.as_ref().is_none_or(|b| b.len() != host.len()) {
+            *buf = None;
+            // Safety: the buffer is filled below before any copy reads it.
+            let fresh = unsafe { self.ctx.alloc_pinned::<f32>(host.len()) }.map_err(|e| {
+                anyhow!(
+                    "allocating {} MB of pinned host memory failed: {e}",
+                    host.len() * 4 >> 20
+                )
+            })?;
+            *buf = Some(fresh);
+        }
+        let buf = buf.as_mut().expect("staging buffer allocated above");
+        {
+            use rayon::prelude::*;
+            // Waits until the previous copy out of this buffer is done.
+            let pinned = buf.as_mut_slice().map_err(gpu_err)?;
+            pinned
+                .par_chunks_mut(1 << 16)
+                .zip(host.par_chunks(1 << 16))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+        }
+        self.stream.memcpy_htod(&*buf, dst).map_err(gpu_err)
     }
     fn download(&self, buf: &CudaSlice<f32>) -> Result<Vec<f32>> {
         let v = self.stream.clone_dtoh(buf).map_err(gpu_err)?;
