@@ -145,8 +145,10 @@ pub struct CudaBackend {
     label: String,
     /// Arithmetic of the conv and fc products.
     precision: crate::config::Precision,
-    /// Pinned staging buffers for large uploads (see [`CudaBackend::write`]).
+    /// Pinned staging buffers for large uploads (see [`CudaBackend::write`]);
+    /// used only when `pinned_uploads` is on.
     staging: Mutex<Staging>,
+    pinned_uploads: bool,
 }
 
 /// Two page-locked host buffers used in turn: a large `write` copies the
@@ -208,6 +210,7 @@ impl CudaBackend {
             label,
             precision: crate::config::Precision::Fp32,
             staging: Mutex::new(Staging::default()),
+            pinned_uploads: std::env::var("ALEXNET_PINNED_UPLOADS").is_ok_and(|v| v == "1"),
         })
     }
 
@@ -227,6 +230,14 @@ impl CudaBackend {
     pub fn set_precision(&mut self, p: crate::config::Precision) -> Result<()> {
         self.precision = p;
         Ok(())
+    }
+
+    /// Stages large writes through pinned host memory with asynchronous
+    /// copies (see [`Staging`]). Off by default until it has been measured
+    /// on a GPU (written 2026-12-02 after the device budget was spent);
+    /// `ALEXNET_PINNED_UPLOADS=1` turns it on too.
+    pub fn set_pinned_uploads(&mut self, on: bool) {
+        self.pinned_uploads = on;
     }
 
     /// The variant of a GEMM-engine kernel for the current precision, from
@@ -355,7 +366,7 @@ impl Backend for CudaBackend {
     }
     fn write(&self, dst: &mut CudaSlice<f32>, host: &[f32]) -> Result<()> {
         check_len("write", dst, host.len())?;
-        if host.len() < STAGED_WRITE_MIN {
+        if !self.pinned_uploads || host.len() < STAGED_WRITE_MIN {
             return self.stream.memcpy_htod(host, dst).map_err(gpu_err);
         }
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
