@@ -3,7 +3,9 @@
 //! step — forward, backward and the SGD update — and nothing of the loader.
 //! Times are CUDA events (host clock on the CPU backend), median over many
 //! steps after warm-up. `--profile` adds each layer's forward and backward
-//! time, measured layer by layer.
+//! time, measured layer by layer. `--loader` instead times the config's
+//! training data pipeline alone (no model, no GPU), to tell whether it can
+//! feed the GPU.
 
 use anyhow::Result;
 use rand::rngs::StdRng;
@@ -144,4 +146,58 @@ impl BenchResult {
             );
         }
     }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LoaderResult {
+    pub dataset: String,
+    pub batch: usize,
+    pub batches: usize,
+    pub workers: usize,
+    pub images_per_sec: f32,
+}
+
+impl LoaderResult {
+    pub fn print(&self) {
+        println!(
+            "loader: {} batches of {} from {} on {} worker threads: {:.0} images/s",
+            self.batches, self.batch, self.dataset, self.workers, self.images_per_sec
+        );
+    }
+}
+
+/// Times `batches` training batches of the config's loader (after one
+/// warm-up batch per worker), wall clock.
+pub fn bench_loader(cfg: &Config, batch: usize, batches: usize) -> Result<LoaderResult> {
+    use crate::data::{Loader, LoaderConfig};
+    let (train, _) = crate::train::open_data(cfg)?;
+    let lc = LoaderConfig::train(batch, crate::train::train_augment(cfg), cfg.train.seed);
+    let workers = lc.workers;
+    let loader = Loader::new(train.clone(), lc)?;
+    let available = loader.batches_per_epoch();
+    let warm = workers.min(available.saturating_sub(1));
+    let batches = batches.min(available - warm);
+    if batches == 0 {
+        anyhow::bail!("the dataset holds fewer than two batches of {batch}");
+    }
+    let mut epoch = loader.epoch(0);
+    for _ in 0..warm {
+        epoch.next().transpose()?;
+    }
+    let start = std::time::Instant::now();
+    let mut images = 0;
+    for _ in 0..batches {
+        let b = epoch
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("the loader ended the epoch early"))??;
+        images += b.n;
+    }
+    let secs = start.elapsed().as_secs_f32();
+    Ok(LoaderResult {
+        dataset: train.describe(),
+        batch,
+        batches,
+        workers,
+        images_per_sec: images as f32 / secs,
+    })
 }

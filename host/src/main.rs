@@ -89,6 +89,10 @@ enum Command {
         /// Also time each layer's forward and backward pass.
         #[arg(long)]
         profile: bool,
+        /// Time the config's training data pipeline alone (no model, no
+        /// GPU): --steps batches of each --batch-size.
+        #[arg(long, conflicts_with_all = ["profile", "gpus", "devices"])]
+        loader: bool,
         /// Arithmetic of the conv/fc products (default: the config's train.precision).
         #[arg(long, value_enum)]
         precision: Option<host::config::Precision>,
@@ -273,6 +277,7 @@ fn main() {
             batch_size,
             steps,
             profile,
+            loader,
             precision,
             device,
             gpu,
@@ -282,7 +287,9 @@ fn main() {
             bucket_mb,
             json,
         } => {
-            if gpus.is_some() || devices.is_some() {
+            if loader {
+                host::cli::bench_loader(&config, &batch_size, steps, json.as_deref())
+            } else if gpus.is_some() || devices.is_some() {
                 host::cli::bucket_bytes(bucket_mb).and_then(|bucket_bytes| {
                     host::cli::bench_gpus(
                         &config,

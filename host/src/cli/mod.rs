@@ -217,6 +217,30 @@ pub fn bench(
     Ok(())
 }
 
+/// `host bench --loader`: the training data pipeline's images/s.
+pub fn bench_loader(
+    config: &std::path::Path,
+    batches: &[usize],
+    steps: usize,
+    json: Option<&std::path::Path>,
+) -> Result<()> {
+    let cfg = crate::config::load(config)?;
+    if batches.contains(&0) || steps == 0 {
+        anyhow::bail!("--batch-size and --steps must be ≥ 1");
+    }
+    let mut results = Vec::new();
+    for &b in batches {
+        let r = crate::bench::bench_loader(&cfg, b, steps)?;
+        r.print();
+        results.push(r);
+    }
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&results)?;
+        std::fs::write(path, text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// `--bucket-mb` in bytes.
 pub fn bucket_bytes(mib: f64) -> Result<usize> {
     if !(mib.is_finite() && mib >= 0.0) {

@@ -379,7 +379,7 @@ impl Backend for CudaBackend {
             let fresh = unsafe { self.ctx.alloc_pinned::<f32>(host.len()) }.map_err(|e| {
                 anyhow!(
                     "allocating {} MB of pinned host memory failed: {e}",
-                    host.len() * 4 >> 20
+                    (host.len() * 4) >> 20
                 )
             })?;
             *buf = Some(fresh);
