@@ -2,7 +2,9 @@
 //! `ALEXNET_BENCH_BATCH`): each kernel's median time over many launches,
 //! timed with CUDA events after warm-up, with GFLOP/s for the products and
 //! GB/s (minimal bytes: every input read once, every output written once) for
-//! the memory-bound kernels. Prints a table and writes JSON to
+//! the memory-bound kernels, each also as a fraction of the H200's ceiling
+//! (dense fp32 67, TF32 495, bf16 989 TFLOP/s; 4.3 TB/s measured copy
+//! bandwidth — other GPUs differ). Prints a table and writes JSON to
 //! `ALEXNET_BENCH_JSON` (default `target/kernel-bench.json`).
 //! Arguments filter by substring. Without a GPU it says so and exits 0.
 
@@ -11,6 +13,17 @@ use host::backend::cuda::{CudaBackend, unavailable_reason};
 use host::backend::*;
 use host::config::Precision;
 
+/// H200 ceilings: dense FLOP/s of the products per precision suffix, and the
+/// measured device-to-device copy bandwidth, in GFLOP/s and GB/s.
+fn ceiling_gflops(suffix: &str) -> f64 {
+    match suffix {
+        " tf32" => 495e3,
+        " bf16" => 989e3,
+        _ => 67e3,
+    }
+}
+const COPY_GBPS: f64 = 4300.0;
+
 struct Row {
     kernel: &'static str,
     case: String,
@@ -18,6 +31,8 @@ struct Row {
     min_ms: f64,
     gflops: Option<f64>,
     gbps: Option<f64>,
+    /// Fraction of the matching ceiling (FLOP/s or bandwidth).
+    fraction: Option<f64>,
 }
 
 struct Bench {
@@ -65,16 +80,27 @@ impl Bench {
             min_ms: t[0] as f64,
             gflops: (flops > 0.0).then(|| flops / median / 1e6),
             gbps: (bytes > 0.0).then(|| bytes / median / 1e6),
+            fraction: None,
+        };
+        let row = Row {
+            fraction: row
+                .gflops
+                .map(|g| g / ceiling_gflops(self.suffix))
+                .or(row.gbps.map(|b| b / COPY_GBPS)),
+            ..row
         };
         println!(
-            "{:<22} {:<26} {:>9.3} ms {:>11} {:>10}",
+            "{:<22} {:<26} {:>9.3} ms {:>11} {:>10} {:>6}",
             row.kernel,
             row.case,
             row.median_ms,
             row.gflops
                 .map(|v| format!("{v:.0} GF/s"))
                 .unwrap_or_default(),
-            row.gbps.map(|v| format!("{v:.0} GB/s")).unwrap_or_default()
+            row.gbps.map(|v| format!("{v:.0} GB/s")).unwrap_or_default(),
+            row.fraction
+                .map(|f| format!("{:.1}%", f * 100.0))
+                .unwrap_or_default()
         );
         self.rows.push(row);
         Ok(())
@@ -365,7 +391,7 @@ fn main() -> Result<()> {
         .iter()
         .map(|r| {
             serde_json::json!({"kernel": r.kernel, "case": r.case, "batch": n, "median_ms": r.median_ms,
-                "min_ms": r.min_ms, "gflops": r.gflops, "gbps": r.gbps})
+                "min_ms": r.min_ms, "gflops": r.gflops, "gbps": r.gbps, "fraction_of_ceiling": r.fraction})
         })
         .collect();
     let text =
