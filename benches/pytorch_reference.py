@@ -69,6 +69,21 @@ def model_for(cfg, device):
     return seq, named
 
 
+def timed(fn, steps, warmup=3):
+    """Median milliseconds of `fn` over `steps` runs (CUDA events) after `warmup` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(steps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
 def step_time(cfg, batch, precision, steps, device):
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     torch.backends.cudnn.allow_tf32 = precision == "tf32"
@@ -88,32 +103,8 @@ def step_time(cfg, batch, precision, steps, device):
         loss.backward()
         opt.step()
 
-    for _ in range(5):
-        one()
-    times = []
-    for _ in range(steps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        one()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    ms = statistics.median(times)
+    ms = timed(one, steps, warmup=5)
     return {"precision": precision, "batch": batch, "median_step_ms": ms, "images_per_sec": batch / ms * 1e3}
-
-
-def timed(fn, steps):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(steps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def conv_layer_times(cfg, batch, precision, steps, device):

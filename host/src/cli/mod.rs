@@ -210,11 +210,7 @@ pub fn bench(
         r.print();
         results.push(r);
     }
-    if let Some(path) = json {
-        let text = serde_json::to_string_pretty(&results)?;
-        std::fs::write(path, text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    }
-    Ok(())
+    write_json(json, &results)
 }
 
 /// `host bench --loader`: the training data pipeline's images/s.
@@ -234,9 +230,14 @@ pub fn bench_loader(
         r.print();
         results.push(r);
     }
+    write_json(json, &results)
+}
+
+/// Writes `--json` results, if asked for.
+fn write_json<T: serde::Serialize>(json: Option<&std::path::Path>, results: &T) -> Result<()> {
     if let Some(path) = json {
-        let text = serde_json::to_string_pretty(&results)?;
-        std::fs::write(path, text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let text = serde_json::to_string_pretty(results)?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
@@ -278,7 +279,7 @@ pub fn bench_gpus(
     }
     let visible = crate::multi_gpu::visible_gpus()?;
     let devices = crate::multi_gpu::select_devices(gpus, devices, 0, visible)?;
-    let text = if devices.len() == 1 {
+    if devices.len() == 1 {
         let mut be = CudaBackend::new(devices[0])?;
         be.set_precision(cfg.train.precision)?;
         let mut results = Vec::new();
@@ -287,7 +288,7 @@ pub fn bench_gpus(
             r.print();
             results.push(r);
         }
-        serde_json::to_string_pretty(&results)?
+        write_json(json, &results)
     } else {
         let mut results = Vec::new();
         for &b in batches {
@@ -295,10 +296,6 @@ pub fn bench_gpus(
             r.print();
             results.push(r);
         }
-        serde_json::to_string_pretty(&results)?
-    };
-    if let Some(path) = json {
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        write_json(json, &results)
     }
-    Ok(())
 }
