@@ -403,3 +403,27 @@ fn bad_input_is_a_one_line_error() {
     one_line_error(&["show-filters", s(&t.checkpoint), "--out", s(&dir.path().join("f.png")),
                      "--layer", "fc4"], "fc4.weight");
 }
+
+#[test]
+fn bench_loader_reports_images_per_second() {
+    let config = root().join("configs/tiny.json");
+    let json = tempfile::tempdir().unwrap().keep().join("loader.json");
+    let out = ok(&[
+        "bench",
+        config.to_str().unwrap(),
+        "--loader",
+        "--batch-size",
+        "16",
+        "--steps",
+        "4",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.contains("loader: 4 batches of 16"), "{out}");
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(rows[0]["images_per_sec"].as_f64().unwrap() > 0.0);
+    // --loader measures the data pipeline only: no model options with it.
+    let both = host(&["bench", config.to_str().unwrap(), "--loader", "--profile"]);
+    assert!(!both.status.success());
+}
