@@ -299,7 +299,7 @@ fn train_single(cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
     } else {
         if cfg.train.precision != crate::config::Precision::Fp32 {
             eprintln!(
-                "note: the CPU backend computes in fp32 (precision {:?} applies to the GPU)",
+                "note: the CPU backend computes in fp32 (precision {} applies to the GPU)",
                 cfg.train.precision
             );
         }

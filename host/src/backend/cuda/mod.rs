@@ -352,7 +352,7 @@ impl Backend for CudaBackend {
     type Labels = CudaSlice<i32>;
 
     fn name(&self) -> String {
-        self.label.clone()
+        format!("{} ({})", self.label, self.precision)
     }
     fn zeros(&self, len: usize) -> Result<CudaSlice<f32>> {
         self.stream
