@@ -33,6 +33,10 @@ pub struct BenchResult {
     pub images_per_sec: f32,
     /// Model parameters, activations and gradients (device backends only).
     pub model_memory_bytes: Option<usize>,
+    /// Device memory in use after the timed steps, over what was in use
+    /// before the model: the model plus the workspaces the step grew (split-K
+    /// partial sums) — the step's peak, since workspaces are kept.
+    pub step_memory_bytes: Option<usize>,
     pub layers: Vec<LayerTime>,
 }
 
@@ -77,6 +81,9 @@ pub fn bench<B: Backend>(
         model.backward(be, dropout)?;
         model.sgd_step(be, &sgd)
     })?;
+    let step_memory_bytes = free_before
+        .zip(be.memory_info())
+        .map(|(a, (b, _))| a.saturating_sub(b));
     let min = times.iter().copied().fold(f32::INFINITY, f32::min);
     let med = median(times);
     let mut layers = Vec::new();
@@ -105,6 +112,7 @@ pub fn bench<B: Backend>(
         min_step_ms: min,
         images_per_sec: batch as f32 / med * 1e3,
         model_memory_bytes,
+        step_memory_bytes,
         layers,
     })
 }
@@ -120,7 +128,12 @@ impl BenchResult {
             self.min_step_ms,
             self.images_per_sec,
             self.model_memory_bytes
-                .map(|b| format!("  model memory {:.2} GiB", b as f64 / (1u64 << 30) as f64))
+                .zip(self.step_memory_bytes)
+                .map(|(m, s)| format!(
+                    "  model memory {:.2} GiB, with workspaces {:.2} GiB",
+                    m as f64 / (1u64 << 30) as f64,
+                    s as f64 / (1u64 << 30) as f64
+                ))
                 .unwrap_or_default()
         );
         if !self.layers.is_empty() {
