@@ -38,7 +38,7 @@ use std::ops::Range;
 
 use anyhow::{Context, Result, bail};
 
-use super::{Bucket, plan_model_buckets, rank_seed, split_range};
+use super::{Bucket, backward_in_buckets, plan_model_buckets, rank_seed, split_range};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BlockCopy, DropoutParams, FcGeom, SgdParams};
 use crate::checkpoint::NamedTensor;
@@ -454,18 +454,9 @@ impl<B: Backend, R: Reducer<B>> HybridRank<B, R> {
             }
         }
         let conv_dropout = Some((rank_seed(dropout.0, rank), dropout.1));
-        let mut next = 0;
-        for i in (0..self.conv.layers.len()).rev() {
-            self.conv.backward_layer(be, i, conv_dropout)?;
-            while let Some(b) = self.buckets.get(next).filter(|b| b.after_layer == i) {
-                let mut grads: Vec<&mut B::Buf> = self.conv.params[b.params.clone()]
-                    .iter_mut()
-                    .map(|p| &mut p.grad)
-                    .collect();
-                self.reducer.start_sum(be, &mut grads)?;
-                next += 1;
-            }
-        }
+        backward_in_buckets(be, &mut self.conv, &self.buckets, conv_dropout, |grads| {
+            self.reducer.start_sum(be, grads)
+        })?;
         self.reducer.finish(be)
     }
 

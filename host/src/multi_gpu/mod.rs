@@ -195,6 +195,31 @@ struct Bucket {
     params: Range<usize>,
 }
 
+/// Runs `model`'s backward pass layer by layer and hands each bucket's
+/// gradients to `start` as soon as its last layer is done (backward order),
+/// so their reduction overlaps the rest of the pass.
+fn backward_in_buckets<B: Backend>(
+    be: &B,
+    model: &mut Model<B>,
+    buckets: &[Bucket],
+    dropout: Option<(u64, u64)>,
+    mut start: impl FnMut(&mut [&mut B::Buf]) -> Result<()>,
+) -> Result<()> {
+    let mut next = 0;
+    for i in (0..model.layers.len()).rev() {
+        model.backward_layer(be, i, dropout)?;
+        while let Some(b) = buckets.get(next).filter(|b| b.after_layer == i) {
+            let mut grads: Vec<&mut B::Buf> = model.params[b.params.clone()]
+                .iter_mut()
+                .map(|p| &mut p.grad)
+                .collect();
+            start(&mut grads)?;
+            next += 1;
+        }
+    }
+    Ok(())
+}
+
 /// The gradient buckets of `model`'s layers, at least `bucket_bytes` each
 /// ([`plan_buckets`] over the layers in backward order).
 fn plan_model_buckets<B: Backend>(be: &B, model: &Model<B>, bucket_bytes: usize) -> Vec<Bucket> {
@@ -313,18 +338,9 @@ impl<B: Backend, R: Reducer<B>> Replica<B, R> {
     pub fn compute_gradients(&mut self, be: &B, dropout: (u64, u64)) -> Result<()> {
         let dropout = Some((rank_seed(dropout.0, self.rank()), dropout.1));
         self.model.forward(be, dropout)?;
-        let mut next = 0;
-        for i in (0..self.model.layers.len()).rev() {
-            self.model.backward_layer(be, i, dropout)?;
-            while let Some(b) = self.buckets.get(next).filter(|b| b.after_layer == i) {
-                let mut grads: Vec<&mut B::Buf> = self.model.params[b.params.clone()]
-                    .iter_mut()
-                    .map(|p| &mut p.grad)
-                    .collect();
-                self.reducer.start_mean(be, &mut grads)?;
-                next += 1;
-            }
-        }
+        backward_in_buckets(be, &mut self.model, &self.buckets, dropout, |grads| {
+            self.reducer.start_mean(be, grads)
+        })?;
         self.reducer.finish(be)
     }
 
