@@ -73,21 +73,18 @@ impl Bench {
         let mut t = be.time_events(4, reps, || f(be))?;
         t.sort_by(f32::total_cmp);
         let median = t[t.len() / 2] as f64;
+        let gflops = (flops > 0.0).then(|| flops / median / 1e6);
+        let gbps = (bytes > 0.0).then(|| bytes / median / 1e6);
         let row = Row {
             kernel,
             case: format!("{case}{}", self.suffix),
             median_ms: median,
             min_ms: t[0] as f64,
-            gflops: (flops > 0.0).then(|| flops / median / 1e6),
-            gbps: (bytes > 0.0).then(|| bytes / median / 1e6),
-            fraction: None,
-        };
-        let row = Row {
-            fraction: row
-                .gflops
+            gflops,
+            gbps,
+            fraction: gflops
                 .map(|g| g / ceiling_gflops(self.suffix))
-                .or(row.gbps.map(|b| b / COPY_GBPS)),
-            ..row
+                .or(gbps.map(|b| b / COPY_GBPS)),
         };
         println!(
             "{:<22} {:<26} {:>9.3} ms {:>11} {:>10} {:>6}",
