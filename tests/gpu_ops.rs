@@ -917,12 +917,6 @@ fn train_steps(c: &mut Ctx) -> Result<()> {
 /// exactly.
 fn staged_writes(c: &mut Ctx) -> Result<()> {
     c.gpu.set_pinned_uploads(true);
-    let result = staged_writes_on(c);
-    c.gpu.set_pinned_uploads(false);
-    result
-}
-
-fn staged_writes_on(c: &mut Ctx) -> Result<()> {
     for len in [(1 << 18) + 17, 3 << 18] {
         let data: Vec<Vec<f32>> = (0..5).map(|_| c.randn(len, 1.0)).collect();
         let mut bufs: Vec<_> = (0..3).map(|_| c.gpu.poisoned(len)).collect::<Result<_>>()?;

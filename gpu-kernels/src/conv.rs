@@ -15,7 +15,7 @@
 //! `gemm::SHARED_BYTES` of dynamic shared memory.
 
 use crate::device::{bdim_x, bid_x, bid_z, block_sum, shared, tid_x};
-use crate::gemm::{BK, Epilogue, Operand, Strided, gemm_kernels, gemm_tile};
+use crate::gemm::{BK, Epilogue, Operand, SLOT_STRIDE, Strided, gemm_kernels, gemm_tile};
 
 /// Convolution shape, passed by value to every conv kernel.
 #[repr(C)]
@@ -114,58 +114,71 @@ impl Patches {
         (n as usize * s.c_in as usize + (self.g * s.cg() + c) as usize) * (s.h * s.w) as usize
     }
 
-    /// x at row `ih`, column `iw` of the plane at `off`, or 0 in the padding.
     #[inline(always)]
-    unsafe fn at(&self, off: usize, ih: i32, iw: i32) -> f32 {
-        if (ih as u32) < self.s.h && (iw as u32) < self.s.w {
-            unsafe {
-                *self
-                    .x
-                    .add(off + ih as usize * self.s.w as usize + iw as usize)
-            }
-        } else {
-            0.0
-        }
+    fn inside(&self, ih: i32, iw: i32) -> bool {
+        (ih as u32) < self.s.h && (iw as u32) < self.s.w
     }
 }
 
-/// Where a `Patches` slot is: its input plane, the window origin
-/// `(oh·s−p, ow·s−p)` and the filter tap `(kh, kw)`.
+/// A `Patches` cursor: the shared tap `(c, kh, kw)` (as `chan` = c·H·W and
+/// `tap` = chan + kh·W + kw) and, per element j, the window origin
+/// `(ih0, iw0) = (oh·s−p, ow·s−p)` and `origin` = the offset of that pixel in
+/// the image's first channel of the group (wrapping: it may lie before it).
 #[derive(Clone, Copy)]
 struct PatchCursor {
-    off: usize,
-    ih0: i32,
-    iw0: i32,
+    origin: [usize; 4],
+    ih0: [i32; 4],
+    iw0: [i32; 4],
     kh: u32,
     kw: u32,
+    chan: usize,
+    tap: usize,
 }
 
 impl Operand for Patches {
     const K_FAST: bool = false;
     type Cursor = PatchCursor;
     #[inline(always)]
-    fn open(&self, k: u32, n: u32) -> PatchCursor {
+    fn open(&self, k: u32, n0: u32) -> PatchCursor {
         let s = &self.s;
-        let (img, p) = (n / (s.oh * s.ow), n % (s.oh * s.ow));
         let (c, r) = (k / s.kk(), k % s.kk());
-        PatchCursor {
-            off: self.plane(img, c),
-            ih0: ((p / s.ow) * s.stride) as i32 - s.pad as i32,
-            iw0: ((p % s.ow) * s.stride) as i32 - s.pad as i32,
-            kh: r / s.kw,
-            kw: r % s.kw,
+        let (kh, kw) = (r / s.kw, r % s.kw);
+        let mut cur = PatchCursor {
+            origin: [0; 4],
+            ih0: [0; 4],
+            iw0: [0; 4],
+            kh,
+            kw,
+            chan: c as usize * (s.h * s.w) as usize,
+            tap: 0,
+        };
+        for j in 0..4 {
+            let n = n0 + SLOT_STRIDE * j as u32;
+            let (img, p) = (n / (s.oh * s.ow), n % (s.oh * s.ow));
+            let ih0 = ((p / s.ow) * s.stride) as i32 - s.pad as i32;
+            let iw0 = ((p % s.ow) * s.stride) as i32 - s.pad as i32;
+            cur.ih0[j] = ih0;
+            cur.iw0[j] = iw0;
+            let within = ih0 as isize * s.w as isize + iw0 as isize;
+            cur.origin[j] = self.plane(img, 0).wrapping_add(within as usize);
+        }
+        cur.tap = cur.chan + (kh * s.w + kw) as usize;
+        cur
+    }
+    #[inline(always)]
+    unsafe fn read(&self, c: &PatchCursor, j: usize) -> f32 {
+        if self.inside(c.ih0[j] + c.kh as i32, c.iw0[j] + c.kw as i32) {
+            unsafe { *self.x.add(c.origin[j].wrapping_add(c.tap)) }
+        } else {
+            0.0
         }
     }
     #[inline(always)]
-    unsafe fn read(&self, c: &PatchCursor) -> f32 {
-        unsafe { self.at(c.off, c.ih0 + c.kh as i32, c.iw0 + c.kw as i32) }
-    }
-    #[inline(always)]
     fn step(&self, c: &mut PatchCursor) {
-        let channels = self
-            .step
-            .advance(&mut c.kh, &mut c.kw, self.s.kh, self.s.kw);
-        c.off += channels as usize * (self.s.h * self.s.w) as usize;
+        let s = &self.s;
+        let channels = self.step.advance(&mut c.kh, &mut c.kw, s.kh, s.kw);
+        c.chan += channels as usize * (s.h * s.w) as usize;
+        c.tap = c.chan + (c.kh * s.w + c.kw) as usize;
     }
 }
 
@@ -220,34 +233,37 @@ struct WeightCols {
     step: Step,
 }
 
-/// A `WeightCols` slot: offset of filter f's taps for channel c, and tap r.
+/// A `WeightCols` cursor: the shared filter (as `f_off` = f·Cg·KK) and tap
+/// r, and the first element's channel offset `c0·KK`.
 #[derive(Clone, Copy)]
 struct TapCursor {
-    off: usize,
+    f_off: usize,
     r: u32,
+    c_off: usize,
 }
 
 impl Operand for WeightCols {
     const K_FAST: bool = true;
     type Cursor = TapCursor;
     #[inline(always)]
-    fn open(&self, k: u32, c: u32) -> TapCursor {
+    fn open(&self, k: u32, c0: u32) -> TapCursor {
         let kk = self.s.kk();
-        let (f, r) = (k / kk, k % kk);
         TapCursor {
-            off: (f as usize * self.s.cg() as usize + c as usize) * kk as usize,
-            r,
+            f_off: (k / kk) as usize * (self.s.cg() * kk) as usize,
+            r: k % kk,
+            c_off: c0 as usize * kk as usize,
         }
     }
     #[inline(always)]
-    unsafe fn read(&self, c: &TapCursor) -> f32 {
-        unsafe { *self.w.add(c.off + c.r as usize) }
+    unsafe fn read(&self, c: &TapCursor, j: usize) -> f32 {
+        let slot = j * (SLOT_STRIDE * self.s.kk()) as usize;
+        unsafe { *self.w.add(c.f_off + c.r as usize + c.c_off + slot) }
     }
     #[inline(always)]
     fn step(&self, c: &mut TapCursor) {
         let mut unused = 0;
         let filters = self.step.advance(&mut unused, &mut c.r, 1, self.s.kk());
-        c.off += filters as usize * (self.s.cg() * self.s.kk()) as usize;
+        c.f_off += filters as usize * (self.s.cg() * self.s.kk()) as usize;
     }
 }
 
@@ -259,38 +275,48 @@ struct GradPatches {
     step: Step,
 }
 
-/// A `GradPatches` slot: dy's plane (n, g·Fg+f), `(ih+p, iw+p)` and the tap.
+/// A `GradPatches` cursor: the shared filter (as `f_off` = f·OH·OW) and
+/// tap, and per element j dy's plane (n, g·Fg) and `(ih+p, iw+p)`.
 #[derive(Clone, Copy)]
 struct GradPatchCursor {
-    off: usize,
-    th0: i32,
-    tw0: i32,
+    plane: [usize; 4],
+    th0: [i32; 4],
+    tw0: [i32; 4],
     kh: u32,
     kw: u32,
+    f_off: usize,
 }
 
 impl Operand for GradPatches {
     const K_FAST: bool = false;
     type Cursor = GradPatchCursor;
     #[inline(always)]
-    fn open(&self, k: u32, n: u32) -> GradPatchCursor {
+    fn open(&self, k: u32, n0: u32) -> GradPatchCursor {
         let s = &self.s;
-        let (img, p) = (n / (s.h * s.w), n % (s.h * s.w));
         let (f, r) = (k / s.kk(), k % s.kk());
-        let ch = img as usize * s.c_out as usize + (self.g * s.fg() + f) as usize;
-        GradPatchCursor {
-            off: ch * (s.oh * s.ow) as usize,
-            th0: (p / s.w + s.pad) as i32,
-            tw0: (p % s.w + s.pad) as i32,
+        let mut cur = GradPatchCursor {
+            plane: [0; 4],
+            th0: [0; 4],
+            tw0: [0; 4],
             kh: r / s.kw,
             kw: r % s.kw,
+            f_off: f as usize * (s.oh * s.ow) as usize,
+        };
+        for j in 0..4 {
+            let n = n0 + SLOT_STRIDE * j as u32;
+            let (img, p) = (n / (s.h * s.w), n % (s.h * s.w));
+            let ch = img as usize * s.c_out as usize + (self.g * s.fg()) as usize;
+            cur.plane[j] = ch * (s.oh * s.ow) as usize;
+            cur.th0[j] = (p / s.w + s.pad) as i32;
+            cur.tw0[j] = (p % s.w + s.pad) as i32;
         }
+        cur
     }
     #[inline(always)]
-    unsafe fn read(&self, c: &GradPatchCursor) -> f32 {
+    unsafe fn read(&self, c: &GradPatchCursor, j: usize) -> f32 {
         let s = &self.s;
-        let th = c.th0 - c.kh as i32;
-        let tw = c.tw0 - c.kw as i32;
+        let th = c.th0[j] - c.kh as i32;
+        let tw = c.tw0[j] - c.kw as i32;
         let (oh, ow) = if s.stride == 1 {
             (th as u32, tw as u32)
         } else {
@@ -310,7 +336,7 @@ impl Operand for GradPatches {
         unsafe {
             *self
                 .dy
-                .add(c.off + oh as usize * s.ow as usize + ow as usize)
+                .add(c.plane[j] + c.f_off + oh as usize * s.ow as usize + ow as usize)
         }
     }
     #[inline(always)]
@@ -318,7 +344,7 @@ impl Operand for GradPatches {
         let filters = self
             .step
             .advance(&mut c.kh, &mut c.kw, self.s.kh, self.s.kw);
-        c.off += filters as usize * (self.s.oh * self.s.ow) as usize;
+        c.f_off += filters as usize * (self.s.oh * self.s.ow) as usize;
     }
 }
 
@@ -375,36 +401,39 @@ struct GradRows {
     step: Step,
 }
 
-/// A `GradRows` slot: dy's plane (n, g·Fg+f) and the position p = oh·OW+ow.
+/// A `GradRows` cursor: the shared image (as `img_off` = n·C_out·OH·OW) and
+/// position p = oh·OW+ow, and the first element's channel offset.
 #[derive(Clone, Copy)]
 struct RowCursor {
-    off: usize,
+    img_off: usize,
     p: u32,
+    f_off: usize,
 }
 
 impl Operand for GradRows {
     const K_FAST: bool = true;
     type Cursor = RowCursor;
     #[inline(always)]
-    fn open(&self, k: u32, f: u32) -> RowCursor {
+    fn open(&self, k: u32, f0: u32) -> RowCursor {
         let s = &self.s;
         let ohw = s.oh * s.ow;
-        let ch = (k / ohw) as usize * s.c_out as usize + (self.g * s.fg() + f) as usize;
         RowCursor {
-            off: ch * ohw as usize,
+            img_off: (k / ohw) as usize * (s.c_out * ohw) as usize,
             p: k % ohw,
+            f_off: (self.g * s.fg() + f0) as usize * ohw as usize,
         }
     }
     #[inline(always)]
-    unsafe fn read(&self, c: &RowCursor) -> f32 {
-        unsafe { *self.dy.add(c.off + c.p as usize) }
+    unsafe fn read(&self, c: &RowCursor, j: usize) -> f32 {
+        let slot = j * (SLOT_STRIDE * self.s.oh * self.s.ow) as usize;
+        unsafe { *self.dy.add(c.img_off + c.p as usize + c.f_off + slot) }
     }
     #[inline(always)]
     fn step(&self, c: &mut RowCursor) {
         let ohw = self.s.oh * self.s.ow;
         let mut unused = 0;
         let images = self.step.advance(&mut unused, &mut c.p, 1, ohw);
-        c.off += images as usize * (self.s.c_out * ohw) as usize;
+        c.img_off += images as usize * (self.s.c_out * ohw) as usize;
     }
 }
 
@@ -415,47 +444,61 @@ struct PatchesT {
     step: Step,
 }
 
-/// A `PatchesT` slot: x's plane (n, g·Cg+c), the output position and the
-/// tap offset `(kh−p, kw−p)`.
+/// A `PatchesT` cursor: the shared output position (image offset `img_off`
+/// = plane (n, g·Cg), oh, ow) and per element j its channel's offset and tap
+/// offset `(kh−p, kw−p)`.
 #[derive(Clone, Copy)]
 struct PositionCursor {
-    off: usize,
+    img_off: usize,
     oh: u32,
     ow: u32,
-    dh: i32,
-    dw: i32,
+    chan: [usize; 4],
+    dh: [i32; 4],
+    dw: [i32; 4],
 }
 
 impl Operand for PatchesT {
     const K_FAST: bool = true;
     type Cursor = PositionCursor;
     #[inline(always)]
-    fn open(&self, k: u32, n: u32) -> PositionCursor {
+    fn open(&self, k: u32, n0: u32) -> PositionCursor {
         let s = &self.p.s;
         let ohw = s.oh * s.ow;
         let (img, p) = (k / ohw, k % ohw);
-        let (c, r) = (n / s.kk(), n % s.kk());
-        PositionCursor {
-            off: self.p.plane(img, c),
+        let mut cur = PositionCursor {
+            img_off: self.p.plane(img, 0),
             oh: p / s.ow,
             ow: p % s.ow,
-            dh: (r / s.kw) as i32 - s.pad as i32,
-            dw: (r % s.kw) as i32 - s.pad as i32,
+            chan: [0; 4],
+            dh: [0; 4],
+            dw: [0; 4],
+        };
+        for j in 0..4 {
+            let n = n0 + SLOT_STRIDE * j as u32;
+            let (c, r) = (n / s.kk(), n % s.kk());
+            cur.chan[j] = c as usize * (s.h * s.w) as usize;
+            cur.dh[j] = (r / s.kw) as i32 - s.pad as i32;
+            cur.dw[j] = (r % s.kw) as i32 - s.pad as i32;
         }
+        cur
     }
     #[inline(always)]
-    unsafe fn read(&self, c: &PositionCursor) -> f32 {
-        let st = self.p.s.stride;
-        unsafe {
-            self.p
-                .at(c.off, (c.oh * st) as i32 + c.dh, (c.ow * st) as i32 + c.dw)
+    unsafe fn read(&self, c: &PositionCursor, j: usize) -> f32 {
+        let s = &self.p.s;
+        let ih = (c.oh * s.stride) as i32 + c.dh[j];
+        let iw = (c.ow * s.stride) as i32 + c.dw[j];
+        if self.p.inside(ih, iw) {
+            let at = c.img_off + c.chan[j] + ih as usize * s.w as usize + iw as usize;
+            unsafe { *self.p.x.add(at) }
+        } else {
+            0.0
         }
     }
     #[inline(always)]
     fn step(&self, c: &mut PositionCursor) {
         let s = &self.p.s;
         let images = self.step.advance(&mut c.oh, &mut c.ow, s.oh, s.ow);
-        c.off += images as usize * (s.c_in * s.h * s.w) as usize;
+        c.img_off += images as usize * (s.c_in * s.h * s.w) as usize;
     }
 }
 

@@ -13,9 +13,10 @@
 //! shared memory (prefetched into registers one step ahead), then each thread
 //! accumulates a 4×4 sub-tile: thread (tx, ty) = (tid % 16, tid / 16) owns rows
 //! `4·ty..4·ty+4` and columns `4·tx..4·tx+4`. Global loads are coalesced along
-//! whichever index is contiguous in memory (`K_FAST`), and that choice keeps
-//! each thread's other index fixed over the K loop, so a cursor opened once
-//! per slot (the only integer divisions) is stepped by adds and compares.
+//! whichever index is contiguous in memory (`K_FAST`). A thread's four
+//! elements of a tile share one k, so one cursor per operand (opened once:
+//! the only integer divisions) is stepped by adds and compares and read at
+//! four fixed offsets.
 //!
 //! The `MODE` parameter picks the arithmetic. `FP32`: CUDA-core FMAs as above.
 //! `TF32`: the same tiles on the tensor cores (`mma.sync` m16n8k8, operands
@@ -56,25 +57,31 @@ const PAIR_STRIDE: u32 = 72;
 pub const SHARED_BYTES: u32 = (BK * AS_STRIDE + BK * BS_STRIDE) * 4;
 
 /// One operand of the product, `A(m, k)` or `B(k, n)`, read through
-/// per-thread *cursors*: the engine opens a cursor at an element once, then
-/// reads it and steps it `BK` further along k each K step. A cursor carries
-/// its position in whatever mixed-radix form the operand needs (e.g. channel,
-/// kh, kw of an image patch), so stepping costs adds and compares, not the
-/// integer divisions a flat index would need for every element.
+/// per-thread *cursors*. Each thread loads four elements of the operand's
+/// tile per K step, all at the same `k` and at four rows of A / columns of B
+/// (`i0 + 16·j`). The engine opens one cursor for the four once, then reads
+/// them and steps the cursor `BK` further along k each K step. The cursor
+/// keeps the shared k position in whatever mixed-radix form the operand needs
+/// (e.g. channel, kh, kw of an image patch) plus per-element offsets fixed
+/// over the K loop, so a read is an add or two, a bounds check and a load,
+/// and a step costs adds and compares, not integer divisions.
 pub trait Operand {
     /// Whether consecutive `k` are adjacent in memory (else consecutive rows
     /// of A / columns of B).
     const K_FAST: bool;
     type Cursor: Copy;
-    /// A cursor at `(k, i)`, `i` being the row of A or the column of B. Does
-    /// not touch memory; `(k, i)` may lie outside the operand.
-    fn open(&self, k: u32, i: u32) -> Self::Cursor;
-    /// The element under the cursor (0 in a convolution's padding); called
-    /// only for `k < k_end` and `i` inside the operand.
-    unsafe fn read(&self, c: &Self::Cursor) -> f32;
+    /// A cursor at `k` for rows/columns `i0 + 16·j`, j in 0..4. Does not
+    /// touch memory; positions may lie outside the operand.
+    fn open(&self, k: u32, i0: u32) -> Self::Cursor;
+    /// Element `j` under the cursor (0 in a convolution's padding); called
+    /// only for `k < k_end` and a row/column inside the operand.
+    unsafe fn read(&self, c: &Self::Cursor, j: usize) -> f32;
     /// Moves the cursor `BK` further along k.
     fn step(&self, c: &mut Self::Cursor);
 }
+
+/// Rows/columns of a thread's four elements are `i0 + SLOT_STRIDE·j`.
+pub const SLOT_STRIDE: u32 = 16;
 
 /// Where a finished `C[m, n]` goes (called only for `m < M`, `n < N`).
 pub trait Epilogue {
@@ -105,53 +112,39 @@ pub unsafe fn gemm_tile<A: Operand, B: Operand, E: Epilogue, const MODE: u8>(
     let b_h: *mut u16 = unsafe { a_h.add((BK * PAIR_STRIDE) as usize) };
     let pair_idx = |k: u32, row: u32| (((k / 2) * PAIR_STRIDE + row) * 2 + k % 2) as usize;
 
-    // Which tile element this thread loads in slot r (0..4): (row, k) for A,
-    // (k, col) for B, both relative to the tile origin. Over the K loop a
-    // slot keeps its row/column and moves BK along k.
-    let a_coord = |r: u32| -> (u32, u32) {
-        let e = tid + THREADS * r;
-        if A::K_FAST {
-            (e / BK, e % BK)
+    // This thread's four elements of each tile share one k and sit at rows
+    // (A) or columns (B) `i0 + 16·j`. With k fast in memory, the 16 lanes of
+    // a half-warp take 16 consecutive k; otherwise 16 consecutive rows or
+    // columns, so global loads stay coalesced either way.
+    let place = |k_fast: bool| -> (u32, u32) {
+        if k_fast {
+            (tid % 16, tid / 16)
         } else {
-            (e % BM, e / BM)
+            (tid / 16, tid % 16)
         }
     };
-    let b_coord = |r: u32| -> (u32, u32) {
-        let e = tid + THREADS * r;
-        if B::K_FAST {
-            (e % BK, e / BK)
-        } else {
-            (e / BN, e % BN)
-        }
-    };
-    let a_open = |r: u32| {
-        let (mi, ki) = a_coord(r);
-        a.open(k_begin + ki, m0 + mi)
-    };
-    let b_open = |r: u32| {
-        let (ki, ni) = b_coord(r);
-        b.open(k_begin + ki, n0 + ni)
-    };
-    let mut ca = [a_open(0), a_open(1), a_open(2), a_open(3)];
-    let mut cb = [b_open(0), b_open(1), b_open(2), b_open(3)];
+    let (a_k, a_i) = place(A::K_FAST);
+    let (b_k, b_i) = place(B::K_FAST);
+    let mut ca = a.open(k_begin + a_k, m0 + a_i);
+    let mut cb = b.open(k_begin + b_k, n0 + b_i);
 
     let mut load_regs = |k0: u32, ra: &mut [f32; 4], rb: &mut [f32; 4]| {
-        for r in 0..4 {
-            let (mi, ki) = a_coord(r);
-            ra[r as usize] = if m0 + mi < m_total && k0 + ki < k_end {
-                unsafe { a.read(&ca[r as usize]) }
+        let a_in = k0 + a_k < k_end;
+        let b_in = k0 + b_k < k_end;
+        for j in 0..4 {
+            ra[j] = if a_in && m0 + a_i + SLOT_STRIDE * (j as u32) < m_total {
+                unsafe { a.read(&ca, j) }
             } else {
                 0.0
             };
-            a.step(&mut ca[r as usize]);
-            let (ki, ni) = b_coord(r);
-            rb[r as usize] = if n0 + ni < n_total && k0 + ki < k_end {
-                unsafe { b.read(&cb[r as usize]) }
+            rb[j] = if b_in && n0 + b_i + SLOT_STRIDE * (j as u32) < n_total {
+                unsafe { b.read(&cb, j) }
             } else {
                 0.0
             };
-            b.step(&mut cb[r as usize]);
         }
+        a.step(&mut ca);
+        b.step(&mut cb);
     };
 
     // Shared-window addresses of this thread's 4 A rows and 4 B columns
@@ -173,18 +166,14 @@ pub unsafe fn gemm_tile<A: Operand, B: Operand, E: Epilogue, const MODE: u8>(
         load_regs(k0, &mut ra, &mut rb);
     }
     while k0 < k_end {
-        for r in 0..4 {
-            let (mi, ki) = a_coord(r);
+        for j in 0..4u32 {
+            let (mi, ni) = (a_i + SLOT_STRIDE * j, b_i + SLOT_STRIDE * j);
             if MODE == BF16 {
-                unsafe { *a_h.add(pair_idx(ki, mi)) = to_bf16(ra[r as usize]) };
+                unsafe { *a_h.add(pair_idx(a_k, mi)) = to_bf16(ra[j as usize]) };
+                unsafe { *b_h.add(pair_idx(b_k, ni)) = to_bf16(rb[j as usize]) };
             } else {
-                unsafe { *a_s.add((ki * AS_STRIDE + mi) as usize) = round(ra[r as usize]) };
-            }
-            let (ki, ni) = b_coord(r);
-            if MODE == BF16 {
-                unsafe { *b_h.add(pair_idx(ki, ni)) = to_bf16(rb[r as usize]) };
-            } else {
-                unsafe { *b_s.add((ki * BS_STRIDE + ni) as usize) = round(rb[r as usize]) };
+                unsafe { *a_s.add((a_k * AS_STRIDE + mi) as usize) = round(ra[j as usize]) };
+                unsafe { *b_s.add((b_k * BS_STRIDE + ni) as usize) = round(rb[j as usize]) };
             }
         }
         sync_threads();
@@ -345,18 +334,19 @@ pub struct Strided<const K_FAST: bool> {
     pub is: usize,
 }
 
+/// A `Strided` cursor: the offset of `(k, i0)`.
 impl<const KF: bool> Operand for Strided<KF> {
     const K_FAST: bool = KF;
     type Cursor = usize;
     #[inline(always)]
-    fn open(&self, k: u32, i: u32) -> usize {
+    fn open(&self, k: u32, i0: u32) -> usize {
         (k as usize)
             .wrapping_mul(self.ks)
-            .wrapping_add((i as usize).wrapping_mul(self.is))
+            .wrapping_add((i0 as usize).wrapping_mul(self.is))
     }
     #[inline(always)]
-    unsafe fn read(&self, c: &usize) -> f32 {
-        unsafe { *self.p.add(*c) }
+    unsafe fn read(&self, c: &usize, j: usize) -> f32 {
+        unsafe { *self.p.add(c + j * SLOT_STRIDE as usize * self.is) }
     }
     #[inline(always)]
     fn step(&self, c: &mut usize) {
