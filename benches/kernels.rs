@@ -45,7 +45,10 @@ struct Bench {
 }
 
 impl Bench {
+    /// Whether a filter matches the kernel or the case name with its
+    /// precision suffix (`kernels "conv2 bf16"`).
     fn wanted(&self, kernel: &str, case: &str) -> bool {
+        let case = format!("{case}{}", self.suffix);
         self.filters.is_empty()
             || self
                 .filters
@@ -293,14 +296,18 @@ fn main() -> Result<()> {
         };
         let x = rand_buf(&b.be, g.x_len(), 400)?;
         let dy = rand_buf(&b.be, g.y_len(), 401)?;
-        let (mut y, mut dx) = (b.be.zeros(g.y_len())?, b.be.zeros(g.x_len())?);
-        let fwd = 4.0 * (g.x_len() + g.y_len()) as f64;
+        let (mut y, mut arg, mut dx) = (
+            b.be.zeros(g.y_len())?,
+            b.be.zeros(g.y_len())?,
+            b.be.zeros(g.x_len())?,
+        );
+        let fwd = 4.0 * (g.x_len() + 2 * g.y_len()) as f64;
         b.run("maxpool_forward", name, 0.0, fwd, |be| {
-            be.maxpool_forward(&g, &x, &mut y)
+            be.maxpool_forward(&g, &x, &mut y, &mut arg)
         })?;
-        let bwd = 4.0 * (2 * g.x_len() + g.y_len()) as f64;
+        let bwd = 4.0 * (g.x_len() + 2 * g.y_len()) as f64;
         b.run("maxpool_backward", name, 0.0, bwd, |be| {
-            be.maxpool_backward(&g, &x, &y, &dy, &mut dx)
+            be.maxpool_backward(&g, &arg, &dy, &mut dx)
         })?;
     }
 

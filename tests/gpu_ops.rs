@@ -19,7 +19,7 @@
 
 use anyhow::Result;
 use host::backend::cpu::CpuBackend;
-use host::backend::cuda::{CudaBackend, unavailable_reason};
+use host::backend::cuda::{CudaBackend, GemmTiles, unavailable_reason};
 use host::backend::*;
 use host::config::Precision;
 use host::model::Model;
@@ -32,6 +32,8 @@ struct Ctx {
     rng: StdRng,
     checks: usize,
     failures: Vec<String>,
+    /// The GEMM engine's tile height forced for the product tests.
+    wide: bool,
 }
 
 impl Ctx {
@@ -175,6 +177,7 @@ fn main() {
         rng: StdRng::seed_from_u64(seed),
         checks: 0,
         failures: vec![],
+        wide: false,
     };
     let mut errors = 0;
     if small_only() {
@@ -259,25 +262,35 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
     ]
 }
 
-/// Runs a product test in every precision, leaving the GPU in fp32.
+/// Runs a product test in every precision and both GEMM tile heights (64 and
+/// 128 rows), leaving the GPU in fp32 with the automatic tile choice.
 fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
-    for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
-        c.gpu.set_precision(p)?;
-        let result = test(c, p);
-        c.gpu.set_precision(Precision::Fp32)?;
-        result?;
+    for wide in [false, true] {
+        c.wide = wide;
+        c.gpu.set_gemm_tiles(if wide { GemmTiles::Wide } else { GemmTiles::Narrow });
+        for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+            c.gpu.set_precision(p)?;
+            let result = test(c, p);
+            c.gpu.set_precision(Precision::Fp32)?;
+            c.gpu.set_gemm_tiles(GemmTiles::Auto);
+            result?;
+            c.gpu.set_gemm_tiles(if wide { GemmTiles::Wide } else { GemmTiles::Narrow });
+        }
     }
+    c.gpu.set_gemm_tiles(GemmTiles::Auto);
+    c.wide = false;
     Ok(())
 }
 
-/// Case-name suffix and tolerance of the products in precision `p` (see the
-/// module docs).
-fn label_tol(p: Precision) -> (&'static str, f64) {
-    match p {
+/// Case-name suffix and tolerance of the products in precision `p` and the
+/// current tile height (see the module docs).
+fn label_tol(c: &Ctx, p: Precision) -> (String, f64) {
+    let (name, tol) = match p {
         Precision::Fp32 => ("", 1e-5),
         Precision::Tf32 => (" tf32", 1e-3),
         Precision::Bf16 => (" bf16", 1e-2),
-    }
+    };
+    (format!("{name}{}", if c.wide { " wide" } else { "" }), tol)
 }
 
 fn conv_forward(c: &mut Ctx) -> Result<()> {
@@ -285,7 +298,7 @@ fn conv_forward(c: &mut Ctx) -> Result<()> {
 }
 
 fn conv_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
-    let (label, tol) = label_tol(p);
+    let (label, tol) = label_tol(c, p);
     for (case, g) in conv_cases() {
         let (x, w, b) = (
             c.randn(g.x_len(), 1.0),
@@ -308,7 +321,7 @@ fn conv_backward_data(c: &mut Ctx) -> Result<()> {
 }
 
 fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
-    let (label, tol) = label_tol(p);
+    let (label, tol) = label_tol(c, p);
     for (case, g) in conv_cases() {
         let (dy, w) = (c.randn(g.y_len(), 1.0), c.randn(g.w_len(), 0.1));
         let mut want = vec![0.0; g.x_len()];
@@ -333,7 +346,7 @@ fn conv_backward_filter(c: &mut Ctx) -> Result<()> {
 }
 
 fn conv_backward_filter_in(c: &mut Ctx, p: Precision) -> Result<()> {
-    let (label, tol) = label_tol(p);
+    let (label, tol) = label_tol(c, p);
     for (case, g) in conv_cases() {
         let (x, dy) = (c.randn(g.x_len(), 1.0), c.randn(g.y_len(), 1.0));
         let mut want = vec![0.0; g.w_len()];
@@ -404,7 +417,7 @@ fn fc_forward(c: &mut Ctx) -> Result<()> {
 }
 
 fn fc_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
-    let (label, tol) = label_tol(p);
+    let (label, tol) = label_tol(c, p);
     for (case, g) in fc_cases() {
         let (x, w, b) = (
             c.randn(g.n * g.inputs, 1.0),
@@ -427,7 +440,7 @@ fn fc_backward_data(c: &mut Ctx) -> Result<()> {
 }
 
 fn fc_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
-    let (label, tol) = label_tol(p);
+    let (label, tol) = label_tol(c, p);
     for (case, g) in fc_cases() {
         let (dy, w) = (
             c.randn(g.n * g.outputs, 1.0),
@@ -455,7 +468,7 @@ fn fc_backward_filter(c: &mut Ctx) -> Result<()> {
 }
 
 fn fc_backward_filter_in(c: &mut Ctx, p: Precision) -> Result<()> {
-    let (label, tol) = label_tol(p);
+    let (label, tol) = label_tol(c, p);
     for (case, g) in fc_cases() {
         let (x, dy) = (c.randn(g.n * g.inputs, 1.0), c.randn(g.n * g.outputs, 1.0));
         let mut want = vec![0.0; g.outputs * g.inputs];
@@ -539,6 +552,9 @@ fn lrn_cases() -> Vec<(&'static str, LrnParams)> {
         ("odd 3x7x5x9 size5", p(3, 7, 5, 9, 5)),
         ("batch1 1x3x4x4 size5 (window > C)", p(1, 3, 4, 4, 5)),
         ("even size 2x6x3x3 size4", p(2, 6, 3, 3, 4)),
+        ("size3 2x5x3x7", p(2, 5, 3, 7, 3)),
+        ("size1 1x4x2x3", p(1, 4, 2, 3, 1)),
+        ("size7 2x11x3x3 strong alpha", LrnParams { alpha: 0.3, ..p(2, 11, 3, 3, 7) }),
         (
             "strong alpha 2x9x5x5",
             LrnParams {
@@ -623,13 +639,15 @@ fn pool_input(c: &mut Ctx, len: usize) -> Vec<f32> {
 fn maxpool_forward(c: &mut Ctx) -> Result<()> {
     for (case, g) in pool_cases() {
         let x = pool_input(c, g.x_len());
-        let mut want = vec![0.0; g.y_len()];
-        c.cpu.maxpool_forward(&g, &x, &mut want)?;
+        let (mut want, mut want_arg) = (vec![0.0; g.y_len()], vec![0.0; g.y_len()]);
+        c.cpu.maxpool_forward(&g, &x, &mut want, &mut want_arg)?;
         let gx = c.gpu.upload(&x)?;
-        let mut gy = c.gpu.poisoned(g.y_len())?;
-        c.gpu.maxpool_forward(&g, &gx, &mut gy)?;
+        let (mut gy, mut garg) = (c.gpu.poisoned(g.y_len())?, c.gpu.poisoned(g.y_len())?);
+        c.gpu.maxpool_forward(&g, &gx, &mut gy, &mut garg)?;
         let got = c.gpu.download(&gy)?;
         c.check("maxpool_forward", case, &got, &want, 0.0);
+        let got = c.gpu.download(&garg)?;
+        c.check("maxpool_forward", &format!("{case} argmax"), &got, &want_arg, 0.0);
     }
     Ok(())
 }
@@ -637,13 +655,13 @@ fn maxpool_forward(c: &mut Ctx) -> Result<()> {
 fn maxpool_backward(c: &mut Ctx) -> Result<()> {
     for (case, g) in pool_cases() {
         let (x, dy) = (pool_input(c, g.x_len()), c.randn(g.y_len(), 1.0));
-        let mut y = vec![0.0; g.y_len()];
-        c.cpu.maxpool_forward(&g, &x, &mut y)?;
+        let (mut y, mut arg) = (vec![0.0; g.y_len()], vec![0.0; g.y_len()]);
+        c.cpu.maxpool_forward(&g, &x, &mut y, &mut arg)?;
         let mut want = vec![0.0; g.x_len()];
-        c.cpu.maxpool_backward(&g, &x, &y, &dy, &mut want)?;
-        let (gx, gy, gdy) = (c.gpu.upload(&x)?, c.gpu.upload(&y)?, c.gpu.upload(&dy)?);
+        c.cpu.maxpool_backward(&g, &arg, &dy, &mut want)?;
+        let (garg, gdy) = (c.gpu.upload(&arg)?, c.gpu.upload(&dy)?);
         let mut gdx = c.gpu.poisoned(g.x_len())?;
-        c.gpu.maxpool_backward(&g, &gx, &gy, &gdy, &mut gdx)?;
+        c.gpu.maxpool_backward(&g, &garg, &gdy, &mut gdx)?;
         let got = c.gpu.download(&gdx)?;
         c.check("maxpool_backward", case, &got, &want, 1e-6);
     }

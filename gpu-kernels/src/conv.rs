@@ -11,8 +11,9 @@
 //!   split over K into `splits` slices (grid z = g·splits + slice) whose
 //!   partials `splitk_reduce` sums in a fixed order.
 //!
-//! Grid (⌈N_gemm/64⌉, ⌈M_gemm/64⌉, G or G·splits), 256 threads,
-//! `gemm::SHARED_BYTES` of dynamic shared memory.
+//! Grid (⌈N_gemm/64⌉, ⌈M_gemm/BM⌉, G or G·splits) with BM = 64, or 128 for
+//! the `_wide` variants, 256 threads, `gemm::shared_bytes(wide)` of dynamic
+//! shared memory.
 
 use crate::device::{bdim_x, bid_x, bid_z, block_sum, shared, tid_x};
 use crate::gemm::{BK, Epilogue, Operand, SLOT_STRIDE, Strided, gemm_kernels, gemm_tile};
@@ -166,12 +167,16 @@ impl Operand for Patches {
         cur
     }
     #[inline(always)]
-    unsafe fn read(&self, c: &PatchCursor, j: usize) -> f32 {
+    fn src(&self, c: &PatchCursor, j: usize) -> Option<*const f32> {
         if self.inside(c.ih0[j] + c.kh as i32, c.iw0[j] + c.kw as i32) {
-            unsafe { *self.x.add(c.origin[j].wrapping_add(c.tap)) }
+            Some(self.x.wrapping_add(c.origin[j].wrapping_add(c.tap)))
         } else {
-            0.0
+            None
         }
+    }
+    #[inline(always)]
+    fn base(&self) -> *const f32 {
+        self.x
     }
     #[inline(always)]
     fn step(&self, c: &mut PatchCursor) {
@@ -203,8 +208,8 @@ impl Epilogue for StoreOutput {
 }
 
 /// Convolution forward, `y = conv(x, w) + bias`; see the module doc.
-/// Grid (⌈N·OH·OW/64⌉, ⌈Fg/64⌉, G).
-unsafe fn conv_forward_impl<const MODE: u8>(
+/// Grid (⌈N·OH·OW/64⌉, ⌈Fg/BM⌉, G).
+unsafe fn conv_forward_impl<const MODE: u8, const WIDE: bool>(
     s: ConvShape,
     x: *const f32,
     w: *const f32,
@@ -220,10 +225,11 @@ unsafe fn conv_forward_impl<const MODE: u8>(
     };
     let b = Patches::new(x, s, g);
     let e = StoreOutput { y, bias, s, g };
-    unsafe { gemm_tile::<_, _, _, MODE>(&a, &b, &e, s.fg(), s.n * s.oh * s.ow, 0, k_len) };
+    unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, s.fg(), s.n * s.oh * s.ow, 0, k_len) };
 }
 
-gemm_kernels!(conv_forward_impl => conv_forward, conv_forward_tf32, conv_forward_bf16 (s: ConvShape, x: *const f32, w: *const f32, bias: *const f32, y: *mut f32));
+gemm_kernels!(conv_forward_impl (s: ConvShape, x: *const f32, w: *const f32, bias: *const f32, y: *mut f32) =>
+    conv_forward: FP32, false; conv_forward_tf32: TF32, false; conv_forward_bf16: BF16, false; conv_forward_wide: FP32, true; conv_forward_tf32_wide: TF32, true; conv_forward_bf16_wide: BF16, true);
 
 /// w viewed as A(c, (f,kh,kw)) for one group (the transposed filter bank):
 /// `w[(f·Cg + c)·KK + r]`, r = kh·KW + kw.
@@ -255,9 +261,13 @@ impl Operand for WeightCols {
         }
     }
     #[inline(always)]
-    unsafe fn read(&self, c: &TapCursor, j: usize) -> f32 {
+    fn src(&self, c: &TapCursor, j: usize) -> Option<*const f32> {
         let slot = j * (SLOT_STRIDE * self.s.kk()) as usize;
-        unsafe { *self.w.add(c.f_off + c.r as usize + c.c_off + slot) }
+        Some(self.w.wrapping_add(c.f_off + c.r as usize + c.c_off + slot))
+    }
+    #[inline(always)]
+    fn base(&self) -> *const f32 {
+        self.w
     }
     #[inline(always)]
     fn step(&self, c: &mut TapCursor) {
@@ -313,7 +323,11 @@ impl Operand for GradPatches {
         cur
     }
     #[inline(always)]
-    unsafe fn read(&self, c: &GradPatchCursor, j: usize) -> f32 {
+    fn base(&self) -> *const f32 {
+        self.dy
+    }
+    #[inline(always)]
+    fn src(&self, c: &GradPatchCursor, j: usize) -> Option<*const f32> {
         let s = &self.s;
         let th = c.th0[j] - c.kh as i32;
         let tw = c.tw0[j] - c.kw as i32;
@@ -321,23 +335,22 @@ impl Operand for GradPatches {
             (th as u32, tw as u32)
         } else {
             if th < 0 || tw < 0 {
-                return 0.0;
+                return None;
             }
             let (th, tw) = (th as u32, tw as u32);
             if th % s.stride != 0 || tw % s.stride != 0 {
-                return 0.0;
+                return None;
             }
             (th / s.stride, tw / s.stride)
         };
         // A negative th or tw wraps to a huge unsigned value: out of range.
         if oh >= s.oh || ow >= s.ow {
-            return 0.0;
+            return None;
         }
-        unsafe {
-            *self
-                .dy
-                .add(c.plane[j] + c.f_off + oh as usize * s.ow as usize + ow as usize)
-        }
+        Some(
+            self.dy
+                .wrapping_add(c.plane[j] + c.f_off + oh as usize * s.ow as usize + ow as usize),
+        )
     }
     #[inline(always)]
     fn step(&self, c: &mut GradPatchCursor) {
@@ -367,8 +380,8 @@ impl Epilogue for StoreInputGrad {
 }
 
 /// Convolution data gradient, `dx = ∂L/∂x`; see the module doc.
-/// Grid (⌈N·H·W/64⌉, ⌈Cg/64⌉, G).
-unsafe fn conv_backward_data_impl<const MODE: u8>(
+/// Grid (⌈N·H·W/64⌉, ⌈Cg/BM⌉, G).
+unsafe fn conv_backward_data_impl<const MODE: u8, const WIDE: bool>(
     s: ConvShape,
     dy: *const f32,
     w: *const f32,
@@ -388,10 +401,11 @@ unsafe fn conv_backward_data_impl<const MODE: u8>(
         step: Step::new(s.kh, s.kw),
     };
     let e = StoreInputGrad { dx, s, g };
-    unsafe { gemm_tile::<_, _, _, MODE>(&a, &b, &e, s.cg(), s.n * s.h * s.w, 0, k_len) };
+    unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, s.cg(), s.n * s.h * s.w, 0, k_len) };
 }
 
-gemm_kernels!(conv_backward_data_impl => conv_backward_data, conv_backward_data_tf32, conv_backward_data_bf16 (s: ConvShape, dy: *const f32, w: *const f32, dx: *mut f32));
+gemm_kernels!(conv_backward_data_impl (s: ConvShape, dy: *const f32, w: *const f32, dx: *mut f32) =>
+    conv_backward_data: FP32, false; conv_backward_data_tf32: TF32, false; conv_backward_data_bf16: BF16, false; conv_backward_data_wide: FP32, true; conv_backward_data_tf32_wide: TF32, true; conv_backward_data_bf16_wide: BF16, true);
 
 /// dy viewed as A(f, (n,oh,ow)) for one group.
 struct GradRows {
@@ -424,9 +438,16 @@ impl Operand for GradRows {
         }
     }
     #[inline(always)]
-    unsafe fn read(&self, c: &RowCursor, j: usize) -> f32 {
+    fn src(&self, c: &RowCursor, j: usize) -> Option<*const f32> {
         let slot = j * (SLOT_STRIDE * self.s.oh * self.s.ow) as usize;
-        unsafe { *self.dy.add(c.img_off + c.p as usize + c.f_off + slot) }
+        Some(
+            self.dy
+                .wrapping_add(c.img_off + c.p as usize + c.f_off + slot),
+        )
+    }
+    #[inline(always)]
+    fn base(&self) -> *const f32 {
+        self.dy
     }
     #[inline(always)]
     fn step(&self, c: &mut RowCursor) {
@@ -483,16 +504,20 @@ impl Operand for PatchesT {
         cur
     }
     #[inline(always)]
-    unsafe fn read(&self, c: &PositionCursor, j: usize) -> f32 {
+    fn src(&self, c: &PositionCursor, j: usize) -> Option<*const f32> {
         let s = &self.p.s;
         let ih = (c.oh * s.stride) as i32 + c.dh[j];
         let iw = (c.ow * s.stride) as i32 + c.dw[j];
         if self.p.inside(ih, iw) {
             let at = c.img_off + c.chan[j] + ih as usize * s.w as usize + iw as usize;
-            unsafe { *self.p.x.add(at) }
+            Some(self.p.x.wrapping_add(at))
         } else {
-            0.0
+            None
         }
+    }
+    #[inline(always)]
+    fn base(&self) -> *const f32 {
+        self.p.x
     }
     #[inline(always)]
     fn step(&self, c: &mut PositionCursor) {
@@ -519,8 +544,8 @@ impl Epilogue for StoreFilterGrad {
 
 /// Convolution weight gradient, one split-K slice per z; see the module doc.
 /// `ws` holds `splits` copies of dw (with `splits == 1` it may be dw itself).
-/// Grid (⌈Cg·KH·KW/64⌉, ⌈Fg/64⌉, G·splits).
-unsafe fn conv_backward_filter_impl<const MODE: u8>(
+/// Grid (⌈Cg·KH·KW/64⌉, ⌈Fg/BM⌉, G·splits).
+unsafe fn conv_backward_filter_impl<const MODE: u8, const WIDE: bool>(
     s: ConvShape,
     x: *const f32,
     dy: *const f32,
@@ -546,10 +571,11 @@ unsafe fn conv_backward_filter_impl<const MODE: u8>(
     };
     let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
     let e = StoreFilterGrad { ws, offset, n_len };
-    unsafe { gemm_tile::<_, _, _, MODE>(&a, &b, &e, s.fg(), n_len, k_begin, k_end) };
+    unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, s.fg(), n_len, k_begin, k_end) };
 }
 
-gemm_kernels!(conv_backward_filter_impl => conv_backward_filter, conv_backward_filter_tf32, conv_backward_filter_bf16 (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32));
+gemm_kernels!(conv_backward_filter_impl (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
+    conv_backward_filter: FP32, false; conv_backward_filter_tf32: TF32, false; conv_backward_filter_bf16: BF16, false; conv_backward_filter_wide: FP32, true; conv_backward_filter_tf32_wide: TF32, true; conv_backward_filter_bf16_wide: BF16, true);
 
 /// Convolution bias gradient, `db[c] = Σ_{n,h,w} dy[n, c, h, w]`: one block
 /// per channel (grid x = C_out) walking its planes image by image (coalesced,

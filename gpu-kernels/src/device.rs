@@ -214,11 +214,14 @@ pub fn mma_tf32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
     c
 }
 
-/// fp32 → bf16 (round to nearest even; `cvt.rn.bf16.f32`), as its 16 bits.
+/// Two fp32 → one register of two bf16 (round to nearest even;
+/// `cvt.rn.bf16x2.f32`): `lo` in the low half, `hi` in the high half.
 #[inline(always)]
-pub fn to_bf16(x: f32) -> u16 {
-    let y: u16;
-    unsafe { asm!("cvt.rn.bf16.f32 {y}, {x};", y = out(reg16) y, x = in(reg32) x) };
+pub fn pack_bf16(lo: f32, hi: f32) -> u32 {
+    let y: u32;
+    unsafe {
+        asm!("cvt.rn.bf16x2.f32 {y}, {hi}, {lo};", y = out(reg32) y, hi = in(reg32) hi, lo = in(reg32) lo)
+    };
     y
 }
 
@@ -283,4 +286,38 @@ pub unsafe fn ld_shared_v4(addr: u32) -> [f32; 4] {
         )
     };
     [a, b, c, d]
+}
+
+/// Starts an asynchronous copy of one float from global memory to shared
+/// window address `dst` (`cp.async.ca`, sm_80+), or of a zero when `src` is
+/// `None` (source size 0: nothing is read from `dummy`, which only has to be
+/// a global address). Completes at [`cp_async_wait`] of its group.
+#[inline(always)]
+pub unsafe fn cp_async_f32(dst: u32, src: Option<*const f32>, dummy: *const f32) {
+    let (p, n) = match src {
+        Some(p) => (p, 4u32),
+        None => (dummy, 0u32),
+    };
+    unsafe {
+        asm!(
+            "cp.async.ca.shared.global [{d}], [{s}], 4, {n};",
+            d = in(reg32) dst,
+            s = in(reg64) p,
+            n = in(reg32) n,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
+/// Closes the group of the asynchronous copies started since the last one.
+#[inline(always)]
+pub fn cp_async_commit() {
+    unsafe { asm!("cp.async.commit_group;", options(nostack, preserves_flags)) };
+}
+
+/// Waits until at most `N` of this thread's copy groups are still pending.
+/// (A barrier is still needed before reading what other threads copied.)
+#[inline(always)]
+pub fn cp_async_wait<const N: u32>() {
+    unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack, preserves_flags)) };
 }

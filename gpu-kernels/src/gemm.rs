@@ -1,38 +1,41 @@
-//! Tiled fp32 matrix products: the shared engine behind the fully connected
-//! layers and the implicit-GEMM convolutions (`conv.rs`).
+//! Tiled matrix products: the shared engine behind the fully connected layers
+//! and the implicit-GEMM convolutions (`conv.rs`).
 //!
 //! `C[m, n] = Σ_k A(m, k) · B(k, n)` where `A` and `B` are *operands*: small
 //! types that walk one row of A or column of B along k with a per-thread
 //! cursor (plain strided matrices here, gathered image patches in `conv.rs`).
-//! The
-//! result goes through an *epilogue* that stores it (adding a bias, or writing
-//! a split-K partial).
+//! The result goes through an *epilogue* that stores it (adding a bias, or
+//! writing a split-K partial).
 //!
-//! Tiling: a block of 256 threads computes a 64×64 tile of C, stepping through
-//! K 16 at a time. Each step loads a 64×16 tile of A and a 16×64 tile of B into
-//! shared memory (prefetched into registers one step ahead), then each thread
-//! accumulates a 4×4 sub-tile: thread (tx, ty) = (tid % 16, tid / 16) owns rows
-//! `4·ty..4·ty+4` and columns `4·tx..4·tx+4`. Global loads are coalesced along
-//! whichever index is contiguous in memory (`K_FAST`). A thread's four
-//! elements of a tile share one k, so one cursor per operand (opened once:
-//! the only integer divisions) is stepped by adds and compares and read at
-//! four fixed offsets.
+//! Tiling: a block of 256 threads computes a BM×64 tile of C (BM = 64, or
+//! 128 in the `_wide` variants, which halve the copies per product where M
+//! allows), stepping through K 16 at a time. Tiles of A (BM×16) and B
+//! (16×64) are copied from global to shared memory with `cp.async` (4 bytes
+//! per element, zero-filled outside the operand) through a ring of
+//! `stages(wide)` buffers, so all but one of them are in flight while one is
+//! multiplied; one barrier per K step. Each thread copies four (B) or BM/16
+//! (A) elements of each tile, all at one k and at rows (A) or columns (B)
+//! `i0 + 16·j`, so one cursor per operand (opened once: the only integer
+//! divisions) is stepped by adds and compares. Copies are coalesced along
+//! whichever index is contiguous in memory (`K_FAST`). Shared tiles are fp32,
+//! `[k][row]` with rows padded by 4 floats.
 //!
-//! The `MODE` parameter picks the arithmetic. `FP32`: CUDA-core FMAs as above.
-//! `TF32`: the same tiles on the tensor cores (`mma.sync` m16n8k8, operands
-//! rounded to TF32 when they enter shared memory, fp32 accumulation).
-//! `BF16`: operands rounded to bf16 when they enter shared memory, stored as
-//! pairs adjacent along k (the register layout of `mma.sync` m16n8k16 bf16),
-//! fp32 accumulation. In both tensor-core modes warp w of 8 owns a 16×32
-//! slice of the tile, rows `16·(w / 2)..`, columns `32·(w % 2)..`, as four
-//! 16×8 accumulators.
+//! The `MODE` parameter picks the arithmetic. `FP32`: CUDA-core FMAs, thread
+//! (tx, ty) = (tid % 16, tid / 16) owns rows `4·ty..` (and `64 + 4·ty..`
+//! when wide) and columns `4·tx..`.
+//! `TF32`: `mma.sync` m16n8k8, operands rounded to TF32 as their fragments
+//! are read from shared memory. `BF16`: `mma.sync` m16n8k16, fragments
+//! rounded and packed to bf16 pairs along k as they are read. Both
+//! accumulate in fp32; warp w of 8 owns a (BM/4)×32 slice of the tile, rows
+//! `BM/4·(w / 2)..`, columns `32·(w % 2)..`, as four or eight 16×8
+//! accumulators.
 //!
-//! Grid: x over 64-column tiles of N, y over 64-row tiles of M, z over
+//! Grid: x over 64-column tiles of N, y over BM-row tiles of M, z over
 //! independent problems (conv groups × split-K slices).
 
 use crate::device::{
-    bid_x, bid_y, fma, ld_shared_v4, mma_bf16, mma_tf32, shared, shared_addr, sync_threads, tid_x,
-    to_bf16, to_tf32,
+    bid_x, bid_y, cp_async_commit, cp_async_f32, cp_async_wait, fma, ld_shared_v4, mma_bf16,
+    mma_tf32, pack_bf16, shared, shared_addr, sync_threads, tid_x, to_tf32,
 };
 
 /// `MODE` of [`gemm_tile`]: fp32 FMAs on the CUDA cores.
@@ -42,45 +45,65 @@ pub const TF32: u8 = 1;
 /// `MODE` of [`gemm_tile`]: bf16 tensor cores.
 pub const BF16: u8 = 2;
 
-pub const BM: u32 = 64;
+/// Columns of the C tile.
 pub const BN: u32 = 64;
 pub const BK: u32 = 16;
 pub const THREADS: u32 = 256;
-/// Row padding of the shared tiles (keeps 16-byte alignment, spreads banks).
+/// Rows of the C tile: 64, or 128 in the wide variant.
+pub const fn bm(wide: bool) -> u32 {
+    if wide { 128 } else { 64 }
+}
+/// Shared-memory K tiles in the copy pipeline.
+pub const fn stages(wide: bool) -> u32 {
+    if wide { 3 } else { 4 }
+}
+/// Row padding of the shared tiles (keeps 16-byte alignment; with rows of
+/// 68 or 132 floats, ≡ 4 mod 32, the fragment reads of all three modes hit
+/// 32 distinct banks).
 const PAD: u32 = 4;
-const AS_STRIDE: u32 = BM + PAD;
+const fn as_stride(wide: bool) -> u32 {
+    bm(wide) + PAD
+}
 const BS_STRIDE: u32 = BN + PAD;
-/// Row stride, in bf16 pairs, of the BF16 tiles (`[BK/2][row][2]`): 72 words
-/// put the 32 lanes of a fragment load (`t·72 + g`) in 32 different banks.
-const PAIR_STRIDE: u32 = 72;
+/// Floats of one pipeline stage (an A tile and a B tile).
+const fn stage_floats(wide: bool) -> u32 {
+    BK * as_stride(wide) + BK * BS_STRIDE
+}
 /// Dynamic shared memory the engine needs, in bytes.
-pub const SHARED_BYTES: u32 = (BK * AS_STRIDE + BK * BS_STRIDE) * 4;
+pub const fn shared_bytes(wide: bool) -> u32 {
+    stages(wide) * stage_floats(wide) * 4
+}
 
 /// One operand of the product, `A(m, k)` or `B(k, n)`, read through
-/// per-thread *cursors*. Each thread loads four elements of the operand's
-/// tile per K step, all at the same `k` and at four rows of A / columns of B
-/// (`i0 + 16·j`). The engine opens one cursor for the four once, then reads
-/// them and steps the cursor `BK` further along k each K step. The cursor
-/// keeps the shared k position in whatever mixed-radix form the operand needs
-/// (e.g. channel, kh, kw of an image patch) plus per-element offsets fixed
-/// over the K loop, so a read is an add or two, a bounds check and a load,
-/// and a step costs adds and compares, not integer divisions.
+/// per-thread *cursors*. Each K step, a thread copies elements of the
+/// operand's tile all at the same `k` and at rows of A / columns of B
+/// `i0 + 16·j` (j < 4 for B, j < 4 or 8 for A). The engine opens one cursor
+/// for them once, then takes their addresses and steps the cursor `BK`
+/// further along k each K step. The cursor keeps the shared k position in
+/// whatever mixed-radix form the operand needs (e.g. channel, kh, kw of an
+/// image patch) plus per-element offsets fixed over the K loop, so an
+/// address is an add or two and a bounds check, and a step costs adds and
+/// compares, not integer divisions.
 pub trait Operand {
     /// Whether consecutive `k` are adjacent in memory (else consecutive rows
     /// of A / columns of B).
     const K_FAST: bool;
     type Cursor: Copy;
-    /// A cursor at `k` for rows/columns `i0 + 16·j`, j in 0..4. Does not
-    /// touch memory; positions may lie outside the operand.
+    /// A cursor at `k` for rows/columns `i0 + 16·j`. Does not touch memory;
+    /// positions may lie outside the operand.
     fn open(&self, k: u32, i0: u32) -> Self::Cursor;
-    /// Element `j` under the cursor (0 in a convolution's padding); called
-    /// only for `k < k_end` and a row/column inside the operand.
-    unsafe fn read(&self, c: &Self::Cursor, j: usize) -> f32;
+    /// Address of element `j` under the cursor, `None` where it is zero (a
+    /// convolution's padding); called only for `k < k_end` and a row/column
+    /// inside the operand.
+    fn src(&self, c: &Self::Cursor, j: usize) -> Option<*const f32>;
     /// Moves the cursor `BK` further along k.
     fn step(&self, c: &mut Self::Cursor);
+    /// Any valid global address of the operand (the source of zero-fill
+    /// copies, which read nothing).
+    fn base(&self) -> *const f32;
 }
 
-/// Rows/columns of a thread's four elements are `i0 + SLOT_STRIDE·j`.
+/// Rows/columns of a thread's elements are `i0 + SLOT_STRIDE·j`.
 pub const SLOT_STRIDE: u32 = 16;
 
 /// Where a finished `C[m, n]` goes (called only for `m < M`, `n < N`).
@@ -88,10 +111,10 @@ pub trait Epilogue {
     unsafe fn store(&self, m: u32, n: u32, acc: f32);
 }
 
-/// Computes the 64×64 tile of C at block (bid_x, bid_y) over `k` in
+/// Computes the `bm(WIDE)`×64 tile of C at block (bid_x, bid_y) over `k` in
 /// `k_begin..k_end`. All 256 threads of the block must call it.
 #[inline(always)]
-pub unsafe fn gemm_tile<A: Operand, B: Operand, E: Epilogue, const MODE: u8>(
+pub unsafe fn gemm_tile<A: Operand, B: Operand, E: Epilogue, const MODE: u8, const WIDE: bool>(
     a: &A,
     b: &B,
     e: &E,
@@ -103,19 +126,19 @@ pub unsafe fn gemm_tile<A: Operand, B: Operand, E: Epilogue, const MODE: u8>(
     let tid = tid_x();
     let tx = tid % 16;
     let ty = tid / 16;
-    let m0 = bid_y() * BM;
+    let m0 = bid_y() * bm(WIDE);
     let n0 = bid_x() * BN;
-    let a_s: *mut f32 = shared::<f32>();
-    let b_s: *mut f32 = unsafe { a_s.add((BK * AS_STRIDE) as usize) };
-    // BF16 tiles: element (k, row) at `((k/2)·PAIR_STRIDE + row)·2 + k%2`.
-    let a_h: *mut u16 = a_s as *mut u16;
-    let b_h: *mut u16 = unsafe { a_h.add((BK * PAIR_STRIDE) as usize) };
-    let pair_idx = |k: u32, row: u32| (((k / 2) * PAIR_STRIDE + row) * 2 + k % 2) as usize;
+    let smem: *mut f32 = shared::<f32>();
+    let smem_addr = shared_addr(smem);
+    let a_stride = as_stride(WIDE);
+    let stage_bytes = stage_floats(WIDE) * 4;
+    let n_stages = stages(WIDE);
+    let a_slots = bm(WIDE) / SLOT_STRIDE;
 
-    // This thread's four elements of each tile share one k and sit at rows
-    // (A) or columns (B) `i0 + 16·j`. With k fast in memory, the 16 lanes of
-    // a half-warp take 16 consecutive k; otherwise 16 consecutive rows or
-    // columns, so global loads stay coalesced either way.
+    // This thread's elements of each tile share one k and sit at rows (A) or
+    // columns (B) `i0 + 16·j`. With k fast in memory, the 16 lanes of a
+    // half-warp take 16 consecutive k; otherwise 16 consecutive rows or
+    // columns, so global reads stay coalesced either way.
     let place = |k_fast: bool| -> (u32, u32) {
         if k_fast {
             (tid % 16, tid / 16)
@@ -127,200 +150,260 @@ pub unsafe fn gemm_tile<A: Operand, B: Operand, E: Epilogue, const MODE: u8>(
     let (b_k, b_i) = place(B::K_FAST);
     let mut ca = a.open(k_begin + a_k, m0 + a_i);
     let mut cb = b.open(k_begin + b_k, n0 + b_i);
+    // Byte offsets of this thread's first element in a stage.
+    let a_dst = (a_k * a_stride + a_i) * 4;
+    let b_dst = (BK * a_stride + b_k * BS_STRIDE + b_i) * 4;
+    let (a_dummy, b_dummy) = (a.base(), b.base());
 
-    let mut load_regs = |k0: u32, ra: &mut [f32; 4], rb: &mut [f32; 4]| {
+    // Starts the copies of the K tile at `k0` into stage `stage`.
+    let mut issue = |stage: u32, k0: u32| {
+        let base = smem_addr + stage * stage_bytes;
         let a_in = k0 + a_k < k_end;
         let b_in = k0 + b_k < k_end;
-        for j in 0..4 {
-            ra[j] = if a_in && m0 + a_i + SLOT_STRIDE * (j as u32) < m_total {
-                unsafe { a.read(&ca, j) }
+        for j in 0..8u32 {
+            if j < a_slots {
+                let src = if a_in && m0 + a_i + SLOT_STRIDE * j < m_total {
+                    a.src(&ca, j as usize)
+                } else {
+                    None
+                };
+                unsafe { cp_async_f32(base + a_dst + SLOT_STRIDE * j * 4, src, a_dummy) };
+            }
+        }
+        for j in 0..4u32 {
+            let src = if b_in && n0 + b_i + SLOT_STRIDE * j < n_total {
+                b.src(&cb, j as usize)
             } else {
-                0.0
+                None
             };
-            rb[j] = if b_in && n0 + b_i + SLOT_STRIDE * (j as u32) < n_total {
-                unsafe { b.read(&cb, j) }
-            } else {
-                0.0
-            };
+            unsafe { cp_async_f32(base + b_dst + SLOT_STRIDE * j * 4, src, b_dummy) };
         }
         a.step(&mut ca);
         b.step(&mut cb);
     };
 
-    // Shared-window addresses of this thread's 4 A rows and 4 B columns
-    // (fp32 mode).
-    let a_row = shared_addr(a_s) + ty * 16;
-    let b_col = shared_addr(b_s) + tx * 16;
-    let round = |v: f32| {
-        if MODE == TF32 {
-            f32::from_bits(to_tf32(v))
-        } else {
-            v
-        }
+    let tiles = if k_end > k_begin {
+        (k_end - k_begin).div_ceil(BK)
+    } else {
+        0
     };
-    let mut acc = [[0.0f32; 4]; 4];
-    let mut ra = [0.0f32; 4];
-    let mut rb = [0.0f32; 4];
-    let mut k0 = k_begin;
-    if k0 < k_end {
-        load_regs(k0, &mut ra, &mut rb);
+    let next_stage = |s: u32| if s + 1 == n_stages { 0 } else { s + 1 };
+    // Prologue: the first stages − 1 tiles (one group each, empty past the
+    // end so that the group count stays uniform).
+    let mut write = 0u32;
+    for t in 0..n_stages - 1 {
+        if t < tiles {
+            issue(write, k_begin + t * BK);
+        }
+        cp_async_commit();
+        write = next_stage(write);
     }
-    while k0 < k_end {
-        for j in 0..4u32 {
-            let (mi, ni) = (a_i + SLOT_STRIDE * j, b_i + SLOT_STRIDE * j);
-            if MODE == BF16 {
-                unsafe { *a_h.add(pair_idx(a_k, mi)) = to_bf16(ra[j as usize]) };
-                unsafe { *b_h.add(pair_idx(b_k, ni)) = to_bf16(rb[j as usize]) };
-            } else {
-                unsafe { *a_s.add((a_k * AS_STRIDE + mi) as usize) = round(ra[j as usize]) };
-                unsafe { *b_s.add((b_k * BS_STRIDE + ni) as usize) = round(rb[j as usize]) };
-            }
+
+    // acc[p][v]: tensor-core modes, product p = 4·mi + nj (16-row block mi,
+    // 8-column block nj), value v; fp32 mode, row p of the thread's rows,
+    // column v. Only p < 4 in the narrow variant.
+    let mut acc = [[0.0f32; 4]; 8];
+    let mut read = 0u32;
+    for t in 0..tiles {
+        // Tile t has landed for this thread; the barrier makes it visible to
+        // all, and tells that every warp is done with tile t − 1, whose
+        // stage the copies below overwrite.
+        if WIDE {
+            cp_async_wait::<1>();
+        } else {
+            cp_async_wait::<2>();
         }
         sync_threads();
-        let next = k0 + BK;
-        if next < k_end {
-            load_regs(next, &mut ra, &mut rb);
+        let ahead = t + n_stages - 1;
+        if ahead < tiles {
+            issue(write, k_begin + ahead * BK);
         }
+        cp_async_commit();
+        write = next_stage(write);
+
+        let a_s = unsafe { smem.add((read * stage_floats(WIDE)) as usize) } as *const f32;
+        let b_s = unsafe { a_s.add((BK * a_stride) as usize) };
         if MODE == TF32 {
-            unsafe { mma_steps(a_s, b_s, &mut acc) };
+            unsafe { mma_steps_tf32::<WIDE>(a_s, b_s, &mut acc) };
         } else if MODE == BF16 {
-            unsafe { mma_step_bf16(a_s as *const u32, b_h as *const u32, &mut acc) };
+            unsafe { mma_step_bf16::<WIDE>(a_s, b_s, &mut acc) };
         } else {
+            let a_row = smem_addr + read * stage_bytes + ty * 16;
+            let b_col = smem_addr + read * stage_bytes + BK * a_stride * 4 + tx * 16;
             for kk in 0..BK {
                 // 16-byte aligned: strides and offsets are multiples of 4 floats.
-                let av = unsafe { ld_shared_v4(a_row + kk * AS_STRIDE * 4) };
+                let av = unsafe { ld_shared_v4(a_row + kk * a_stride * 4) };
                 let bv = unsafe { ld_shared_v4(b_col + kk * BS_STRIDE * 4) };
                 for i in 0..4 {
                     for j in 0..4 {
                         acc[i][j] = fma(av[i], bv[j], acc[i][j]);
                     }
                 }
+                if WIDE {
+                    let av = unsafe { ld_shared_v4(a_row + kk * a_stride * 4 + 64 * 4) };
+                    for i in 0..4 {
+                        for j in 0..4 {
+                            acc[4 + i][j] = fma(av[i], bv[j], acc[4 + i][j]);
+                        }
+                    }
+                }
             }
         }
-        sync_threads();
-        k0 = next;
+        read = next_stage(read);
     }
+    cp_async_wait::<0>();
 
-    // Written out so that `acc` stays in registers (a loop the compiler
-    // declines to unroll would index it at run time, from local memory).
-    let store = |i: u32, j: u32, v: f32| {
+    let store = |p: u32, v: u32| {
+        if p >= 4 && !WIDE {
+            return;
+        }
         let (mi, ni) = if MODE != FP32 {
-            tc_coord(tid, i, j)
+            tc_coord::<WIDE>(tid, p, v)
         } else {
-            (ty * 4 + i, tx * 4 + j)
+            (ty * 4 + (p % 4) + 64 * (p / 4), tx * 4 + v)
         };
         let (m, n) = (m0 + mi, n0 + ni);
         if m < m_total && n < n_total {
-            unsafe { e.store(m, n, v) };
+            unsafe { e.store(m, n, acc[p as usize][v as usize]) };
         }
     };
-    store(0, 0, acc[0][0]);
-    store(0, 1, acc[0][1]);
-    store(0, 2, acc[0][2]);
-    store(0, 3, acc[0][3]);
-    store(1, 0, acc[1][0]);
-    store(1, 1, acc[1][1]);
-    store(1, 2, acc[1][2]);
-    store(1, 3, acc[1][3]);
-    store(2, 0, acc[2][0]);
-    store(2, 1, acc[2][1]);
-    store(2, 2, acc[2][2]);
-    store(2, 3, acc[2][3]);
-    store(3, 0, acc[3][0]);
-    store(3, 1, acc[3][1]);
-    store(3, 2, acc[3][2]);
-    store(3, 3, acc[3][3]);
+    // Written out so that `acc` stays in registers (a loop the compiler
+    // declines to unroll would index it at run time, from local memory).
+    macro_rules! store_rows {
+        ($($p:literal)*) => { $( store($p, 0); store($p, 1); store($p, 2); store($p, 3); )* };
+    }
+    store_rows!(0 1 2 3 4 5 6 7);
 }
 
-/// Tile coordinates of accumulator `acc[j][i]` in the tensor-core layout
-/// (`j` = which 16×8 product, `i` = which of its four values).
+/// Tile coordinates of accumulator `acc[p][v]` in the tensor-core layout:
+/// warp w owns rows `16·(w / 2)..` (narrow) or `32·(w / 2)..` (wide) and
+/// columns `32·(w % 2)..`; product p = 4·mi + nj is the 16×8 block at rows
+/// `16·mi..`, columns `8·nj..` of that, v which of its four values.
 #[inline(always)]
-fn tc_coord(tid: u32, i: u32, j: u32) -> (u32, u32) {
+fn tc_coord<const WIDE: bool>(tid: u32, p: u32, v: u32) -> (u32, u32) {
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
-    let row = 16 * (warp / 2) + g + 8 * (j / 2);
-    let col = 32 * (warp % 2) + 8 * i + 2 * t + j % 2;
+    let (mi, nj) = (p / 4, p % 4);
+    let row = (bm(WIDE) / 4) * (warp / 2) + 16 * mi + g + 8 * (v / 2);
+    let col = 32 * (warp % 2) + 8 * nj + 2 * t + v % 2;
     (row, col)
 }
 
-/// The tensor-core inner loop over one shared-memory K tile: two k8 steps,
-/// four m16n8k8 products per warp each. `acc[n8 tile][value]`.
+/// The TF32 inner loop over one shared-memory K tile: two k8 steps, four
+/// (narrow) or eight (wide) m16n8k8 products per warp each, fragments
+/// rounded to TF32 as read.
 #[inline(always)]
-unsafe fn mma_steps(a_s: *const f32, b_s: *const f32, acc: &mut [[f32; 4]; 4]) {
+unsafe fn mma_steps_tf32<const WIDE: bool>(
+    a_s: *const f32,
+    b_s: *const f32,
+    acc: &mut [[f32; 4]; 8],
+) {
     let tid = tid_x();
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
-    let row0 = 16 * (warp / 2);
+    let row0 = (bm(WIDE) / 4) * (warp / 2);
     let col0 = 32 * (warp % 2);
+    let a_stride = as_stride(WIDE);
     let ld = |p: *const f32, k: u32, x: u32, stride: u32| unsafe {
-        (*p.add((k * stride + x) as usize)).to_bits()
+        to_tf32(*p.add((k * stride + x) as usize))
     };
     for step in 0..BK / 8 {
         let k0 = 8 * step;
-        let a = [
-            ld(a_s, k0 + t, row0 + g, AS_STRIDE),
-            ld(a_s, k0 + t, row0 + g + 8, AS_STRIDE),
-            ld(a_s, k0 + t + 4, row0 + g, AS_STRIDE),
-            ld(a_s, k0 + t + 4, row0 + g + 8, AS_STRIDE),
-        ];
-        let b = |j: u32| {
-            let col = col0 + 8 * j + g;
+        let a = |mi: u32| {
+            let row = row0 + 16 * mi + g;
+            [
+                ld(a_s, k0 + t, row, a_stride),
+                ld(a_s, k0 + t, row + 8, a_stride),
+                ld(a_s, k0 + t + 4, row, a_stride),
+                ld(a_s, k0 + t + 4, row + 8, a_stride),
+            ]
+        };
+        let b = |nj: u32| {
+            let col = col0 + 8 * nj + g;
             [
                 ld(b_s, k0 + t, col, BS_STRIDE),
                 ld(b_s, k0 + t + 4, col, BS_STRIDE),
             ]
         };
-        acc[0] = mma_tf32(a, b(0), acc[0]);
-        acc[1] = mma_tf32(a, b(1), acc[1]);
-        acc[2] = mma_tf32(a, b(2), acc[2]);
-        acc[3] = mma_tf32(a, b(3), acc[3]);
+        let (b0, b1, b2, b3) = (b(0), b(1), b(2), b(3));
+        let a0 = a(0);
+        acc[0] = mma_tf32(a0, b0, acc[0]);
+        acc[1] = mma_tf32(a0, b1, acc[1]);
+        acc[2] = mma_tf32(a0, b2, acc[2]);
+        acc[3] = mma_tf32(a0, b3, acc[3]);
+        if WIDE {
+            let a1 = a(1);
+            acc[4] = mma_tf32(a1, b0, acc[4]);
+            acc[5] = mma_tf32(a1, b1, acc[5]);
+            acc[6] = mma_tf32(a1, b2, acc[6]);
+            acc[7] = mma_tf32(a1, b3, acc[7]);
+        }
     }
 }
 
 /// The bf16 inner loop over one shared-memory K tile: one k16 step, four
-/// m16n8k16 products per warp. `a_p`/`b_p` are the tiles as bf16 pairs.
+/// (narrow) or eight (wide) m16n8k16 products per warp; each fragment
+/// register is two fp32 adjacent along k, rounded and packed to bf16 as read.
 #[inline(always)]
-unsafe fn mma_step_bf16(a_p: *const u32, b_p: *const u32, acc: &mut [[f32; 4]; 4]) {
+unsafe fn mma_step_bf16<const WIDE: bool>(
+    a_s: *const f32,
+    b_s: *const f32,
+    acc: &mut [[f32; 4]; 8],
+) {
     let tid = tid_x();
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
-    let row0 = 16 * (warp / 2);
+    let row0 = (bm(WIDE) / 4) * (warp / 2);
     let col0 = 32 * (warp % 2);
-    let ld = |p: *const u32, k2: u32, x: u32| unsafe { *p.add((k2 * PAIR_STRIDE + x) as usize) };
-    let a = [
-        ld(a_p, t, row0 + g),
-        ld(a_p, t, row0 + g + 8),
-        ld(a_p, t + 4, row0 + g),
-        ld(a_p, t + 4, row0 + g + 8),
-    ];
-    let b = |j: u32| {
-        let col = col0 + 8 * j + g;
-        [ld(b_p, t, col), ld(b_p, t + 4, col)]
+    let a_stride = as_stride(WIDE);
+    let ld2 = |p: *const f32, k: u32, x: u32, stride: u32| unsafe {
+        let lo = *p.add((k * stride + x) as usize);
+        let hi = *p.add(((k + 1) * stride + x) as usize);
+        pack_bf16(lo, hi)
     };
-    acc[0] = mma_bf16(a, b(0), acc[0]);
-    acc[1] = mma_bf16(a, b(1), acc[1]);
-    acc[2] = mma_bf16(a, b(2), acc[2]);
-    acc[3] = mma_bf16(a, b(3), acc[3]);
+    let a = |mi: u32| {
+        let row = row0 + 16 * mi + g;
+        [
+            ld2(a_s, 2 * t, row, a_stride),
+            ld2(a_s, 2 * t, row + 8, a_stride),
+            ld2(a_s, 2 * t + 8, row, a_stride),
+            ld2(a_s, 2 * t + 8, row + 8, a_stride),
+        ]
+    };
+    let b = |nj: u32| {
+        let col = col0 + 8 * nj + g;
+        [
+            ld2(b_s, 2 * t, col, BS_STRIDE),
+            ld2(b_s, 2 * t + 8, col, BS_STRIDE),
+        ]
+    };
+    let (b0, b1, b2, b3) = (b(0), b(1), b(2), b(3));
+    let a0 = a(0);
+    acc[0] = mma_bf16(a0, b0, acc[0]);
+    acc[1] = mma_bf16(a0, b1, acc[1]);
+    acc[2] = mma_bf16(a0, b2, acc[2]);
+    acc[3] = mma_bf16(a0, b3, acc[3]);
+    if WIDE {
+        let a1 = a(1);
+        acc[4] = mma_bf16(a1, b0, acc[4]);
+        acc[5] = mma_bf16(a1, b1, acc[5]);
+        acc[6] = mma_bf16(a1, b2, acc[6]);
+        acc[7] = mma_bf16(a1, b3, acc[7]);
+    }
 }
 
-/// Declares the fp32, TF32 and bf16 entry points of a GEMM-engine kernel
-/// (`$impl::<FP32>`, `<TF32>`, `<BF16>`), with the same parameters.
+/// Declares the entry points of a GEMM-engine kernel, `$impl::<MODE, WIDE>`:
+/// fp32, TF32 and bf16 with 64-row tiles, then the same with 128-row tiles,
+/// all with the same parameters.
 macro_rules! gemm_kernels {
-    ($imp:ident => $fp32:ident, $tf32:ident, $bf16:ident ($($arg:ident: $ty:ty),* $(,)?)) => {
-        /// fp32 (CUDA-core FMA) variant; see the `_impl` function's doc.
+    ($imp:ident $args:tt => $($name:ident: $mode:ident, $wide:literal);+) => {
+        $( $crate::gemm::gemm_kernels!(@one $imp, $name, $mode, $wide, $args); )+
+    };
+    (@one $imp:ident, $name:ident, $mode:ident, $wide:literal, ($($arg:ident: $ty:ty),* $(,)?)) => {
+        /// One precision / tile-height variant; see the `_impl` function's doc.
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $fp32($($arg: $ty),*) {
-            unsafe { $imp::<{ $crate::gemm::FP32 }>($($arg),*) }
-        }
-        /// TF32 tensor-core variant; see the `_impl` function's doc.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $tf32($($arg: $ty),*) {
-            unsafe { $imp::<{ $crate::gemm::TF32 }>($($arg),*) }
-        }
-        /// bf16 tensor-core variant; see the `_impl` function's doc.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $bf16($($arg: $ty),*) {
-            unsafe { $imp::<{ $crate::gemm::BF16 }>($($arg),*) }
+        pub unsafe extern "ptx-kernel" fn $name($($arg: $ty),*) {
+            unsafe { $imp::<{ $crate::gemm::$mode }, $wide>($($arg),*) }
         }
     };
 }
@@ -345,12 +428,16 @@ impl<const KF: bool> Operand for Strided<KF> {
             .wrapping_add((i0 as usize).wrapping_mul(self.is))
     }
     #[inline(always)]
-    unsafe fn read(&self, c: &usize, j: usize) -> f32 {
-        unsafe { *self.p.add(c + j * SLOT_STRIDE as usize * self.is) }
+    fn src(&self, c: &usize, j: usize) -> Option<*const f32> {
+        Some(self.p.wrapping_add(c + j * SLOT_STRIDE as usize * self.is))
     }
     #[inline(always)]
     fn step(&self, c: &mut usize) {
         *c = c.wrapping_add(BK as usize * self.ks);
+    }
+    #[inline(always)]
+    fn base(&self) -> *const f32 {
+        self.p
     }
 }
 
@@ -383,7 +470,7 @@ impl Epilogue for StoreStrided {
 /// As a GEMM: M = batch, N = outputs, K = inputs; A = x (row-major, k fast),
 /// B(k, n) = w[n, k] (k fast). Grid (⌈outputs/64⌉, ⌈batch/64⌉, 1), 256 threads,
 /// `SHARED_BYTES` of dynamic shared memory.
-unsafe fn fc_forward_impl<const MODE: u8>(
+unsafe fn fc_forward_impl<const MODE: u8, const WIDE: bool>(
     x: *const f32,
     w: *const f32,
     bias: *const f32,
@@ -410,16 +497,17 @@ unsafe fn fc_forward_impl<const MODE: u8>(
         bias,
         bias_by_row: false,
     };
-    unsafe { gemm_tile::<_, _, _, MODE>(&a, &b, &e, batch, outputs, 0, inputs) };
+    unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, batch, outputs, 0, inputs) };
 }
 
-gemm_kernels!(fc_forward_impl => fc_forward, fc_forward_tf32, fc_forward_bf16 (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32));
+gemm_kernels!(fc_forward_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
+    fc_forward: FP32, false; fc_forward_tf32: TF32, false; fc_forward_bf16: BF16, false; fc_forward_wide: FP32, true; fc_forward_tf32_wide: TF32, true; fc_forward_bf16_wide: BF16, true);
 
 /// Fully connected data gradient, `dx[b, i] = Σ_o dy[b, o]·w[o, i]`.
 ///
 /// M = batch, N = inputs, K = outputs; A = dy (k fast), B(k, n) = w[k, n]
 /// (n fast). Grid (⌈inputs/64⌉, ⌈batch/64⌉, 1).
-unsafe fn fc_backward_data_impl<const MODE: u8>(
+unsafe fn fc_backward_data_impl<const MODE: u8, const WIDE: bool>(
     dy: *const f32,
     w: *const f32,
     dx: *mut f32,
@@ -445,16 +533,17 @@ unsafe fn fc_backward_data_impl<const MODE: u8>(
         bias: core::ptr::null(),
         bias_by_row: false,
     };
-    unsafe { gemm_tile::<_, _, _, MODE>(&a, &b, &e, batch, inputs, 0, outputs) };
+    unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, batch, inputs, 0, outputs) };
 }
 
-gemm_kernels!(fc_backward_data_impl => fc_backward_data, fc_backward_data_tf32, fc_backward_data_bf16 (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32));
+gemm_kernels!(fc_backward_data_impl (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
+    fc_backward_data: FP32, false; fc_backward_data_tf32: TF32, false; fc_backward_data_bf16: BF16, false; fc_backward_data_wide: FP32, true; fc_backward_data_tf32_wide: TF32, true; fc_backward_data_bf16_wide: BF16, true);
 
 /// Fully connected weight gradient, `dw[o, i] = Σ_b dy[b, o]·x[b, i]`.
 ///
 /// M = outputs, N = inputs, K = batch; A(m, k) = dy[k, m] (m fast),
 /// B(k, n) = x[k, n] (n fast). Grid (⌈inputs/64⌉, ⌈outputs/64⌉, 1).
-unsafe fn fc_backward_filter_impl<const MODE: u8>(
+unsafe fn fc_backward_filter_impl<const MODE: u8, const WIDE: bool>(
     x: *const f32,
     dy: *const f32,
     dw: *mut f32,
@@ -480,10 +569,11 @@ unsafe fn fc_backward_filter_impl<const MODE: u8>(
         bias: core::ptr::null(),
         bias_by_row: false,
     };
-    unsafe { gemm_tile::<_, _, _, MODE>(&a, &b, &e, outputs, inputs, 0, batch) };
+    unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, outputs, inputs, 0, batch) };
 }
 
-gemm_kernels!(fc_backward_filter_impl => fc_backward_filter, fc_backward_filter_tf32, fc_backward_filter_bf16 (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32));
+gemm_kernels!(fc_backward_filter_impl (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
+    fc_backward_filter: FP32, false; fc_backward_filter_tf32: TF32, false; fc_backward_filter_bf16: BF16, false; fc_backward_filter_wide: FP32, true; fc_backward_filter_tf32_wide: TF32, true; fc_backward_filter_bf16_wide: BF16, true);
 
 /// Fully connected bias gradient, `db[o] = Σ_b dy[b, o]`: one thread per
 /// output (coalesced across o), summing over the batch in order.

@@ -33,7 +33,9 @@ struct Slot {
     src: usize,
     dst: usize,
     params: Option<(usize, usize)>,
-    scale: Option<usize>,
+    /// What the forward pass keeps for the backward pass besides the
+    /// activations: LRN's scale, max pooling's argmax offsets.
+    saved: Option<usize>,
 }
 
 /// A network instantiated for a fixed batch size on backend `B`.
@@ -45,7 +47,7 @@ pub struct Model<B: Backend> {
     slots: Vec<Slot>,
     acts: Vec<B::Buf>,
     grads: Vec<B::Buf>,
-    scales: Vec<B::Buf>,
+    saved: Vec<B::Buf>,
     labels: B::Labels,
     probs: B::Buf,
     loss: B::Buf,
@@ -112,7 +114,7 @@ impl<B: Backend> Model<B> {
         let input_len = batch * numel(&layers[0].in_shape);
         let mut acts = vec![be.zeros(input_len)?];
         let mut grads = vec![be.zeros(input_len)?];
-        let (mut params, mut slots, mut scales) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut params, mut slots, mut saved) = (Vec::new(), Vec::new(), Vec::new());
         for l in &layers {
             let src = acts.len() - 1;
             let in_place = matches!(
@@ -131,7 +133,7 @@ impl<B: Backend> Model<B> {
                 src,
                 dst,
                 params: None,
-                scale: None,
+                saved: None,
             };
             let init = match &l.kind {
                 LayerKind::Conv(c) => Some((c.init_std, c.init_bias)),
@@ -158,9 +160,9 @@ impl<B: Backend> Model<B> {
                 }
                 slot.params = Some((first, first + 1));
             }
-            if let LayerKind::Lrn(_) = l.kind {
-                scales.push(be.zeros(batch * numel(&l.out_shape))?);
-                slot.scale = Some(scales.len() - 1);
+            if let LayerKind::Lrn(_) | LayerKind::MaxPool(_) = l.kind {
+                saved.push(be.zeros(batch * numel(&l.out_shape))?);
+                slot.saved = Some(saved.len() - 1);
             }
             slots.push(slot);
         }
@@ -176,7 +178,7 @@ impl<B: Backend> Model<B> {
             slots,
             acts,
             grads,
-            scales,
+            saved,
         })
     }
 
@@ -261,12 +263,12 @@ impl<B: Backend> Model<B> {
                 LayerKind::Lrn(_) => {
                     let p = l.lrn_params(n).unwrap();
                     let (x, y) = pair(&mut self.acts, s.src, s.dst);
-                    be.lrn_forward(&p, x, y, &mut self.scales[s.scale.unwrap()])?;
+                    be.lrn_forward(&p, x, y, &mut self.saved[s.saved.unwrap()])?;
                 }
                 LayerKind::MaxPool(_) => {
                     let g = l.pool_geom(n).unwrap();
                     let (x, y) = pair(&mut self.acts, s.src, s.dst);
-                    be.maxpool_forward(&g, x, y)?;
+                    be.maxpool_forward(&g, x, y, &mut self.saved[s.saved.unwrap()])?;
                 }
                 LayerKind::Dropout(d) => {
                     if let Some((seed, step)) = dropout {
@@ -364,13 +366,13 @@ impl<B: Backend> Model<B> {
                 LayerKind::Lrn(_) => {
                     let p = l.lrn_params(n).unwrap();
                     let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
-                    let scale = &self.scales[s.scale.unwrap()];
+                    let scale = &self.saved[s.saved.unwrap()];
                     be.lrn_backward(&p, &self.acts[s.src], &self.acts[s.dst], scale, dy, dx)?;
                 }
                 LayerKind::MaxPool(_) => {
                     let g = l.pool_geom(n).unwrap();
                     let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
-                    be.maxpool_backward(&g, &self.acts[s.src], &self.acts[s.dst], dy, dx)?;
+                    be.maxpool_backward(&g, &self.saved[s.saved.unwrap()], dy, dx)?;
                 }
             }
         }

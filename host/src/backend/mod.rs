@@ -341,14 +341,22 @@ pub trait Backend {
         dx: &mut Self::Buf,
     ) -> Result<()>;
 
-    fn maxpool_forward(&self, g: &PoolGeom, x: &Self::Buf, y: &mut Self::Buf) -> Result<()>;
-    /// Routes each `dy` to the first maximal element of its window (ties go to
-    /// the lowest row, then column); overlapping windows add up.
-    fn maxpool_backward(
+    /// `y` = each window's maximum; `arg` (same length) = where its first
+    /// maximum lies (row-major scan; ties go to the lowest row, then
+    /// column), as the offset `a·size + b` in the window, stored as f32.
+    fn maxpool_forward(
         &self,
         g: &PoolGeom,
         x: &Self::Buf,
-        y: &Self::Buf,
+        y: &mut Self::Buf,
+        arg: &mut Self::Buf,
+    ) -> Result<()>;
+    /// Routes each `dy` to the element its window's `arg` names; overlapping
+    /// windows add up.
+    fn maxpool_backward(
+        &self,
+        g: &PoolGeom,
+        arg: &Self::Buf,
         dy: &Self::Buf,
         dx: &mut Self::Buf,
     ) -> Result<()>;

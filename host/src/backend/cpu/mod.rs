@@ -257,29 +257,32 @@ impl Backend for CpuBackend {
         lrn::lrn_backward(p, x, y, scale, dy, dx);
         Ok(())
     }
-    fn maxpool_forward(&self, g: &PoolGeom, x: &Vec<f32>, y: &mut Vec<f32>) -> Result<()> {
-        lens("maxpool_forward", &[(x, g.x_len()), (y, g.y_len())])?;
-        pool::maxpool_forward(g, x, y);
+    fn maxpool_forward(
+        &self,
+        g: &PoolGeom,
+        x: &Vec<f32>,
+        y: &mut Vec<f32>,
+        arg: &mut Vec<f32>,
+    ) -> Result<()> {
+        lens(
+            "maxpool_forward",
+            &[(x, g.x_len()), (y, g.y_len()), (arg, g.y_len())],
+        )?;
+        pool::maxpool_forward(g, x, y, arg);
         Ok(())
     }
     fn maxpool_backward(
         &self,
         g: &PoolGeom,
-        x: &Vec<f32>,
-        y: &Vec<f32>,
+        arg: &Vec<f32>,
         dy: &Vec<f32>,
         dx: &mut Vec<f32>,
     ) -> Result<()> {
         lens(
             "maxpool_backward",
-            &[
-                (x, g.x_len()),
-                (y, g.y_len()),
-                (dy, g.y_len()),
-                (dx, g.x_len()),
-            ],
+            &[(arg, g.y_len()), (dy, g.y_len()), (dx, g.x_len())],
         )?;
-        pool::maxpool_backward(g, x, y, dy, dx);
+        pool::maxpool_backward(g, arg, dy, dx);
         Ok(())
     }
     fn dropout_forward(&self, p: &DropoutParams, y: &mut Vec<f32>) -> Result<()> {

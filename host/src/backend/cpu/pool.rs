@@ -4,7 +4,9 @@
 //! The maximum of a window is found by scanning it row-major and replacing the
 //! running maximum only on a strict `>`, so the backward pass routes each `dy`
 //! to the *first* maximal element (lowest row, then column) — the rule the GPU
-//! kernels must reproduce. Where windows overlap the routed gradients add up.
+//! kernels must reproduce. The forward pass saves where that element lies
+//! (its offset in the window) for the backward pass, which routes by it alone.
+//! Where windows overlap the routed gradients add up.
 //! Each `(n, c)` plane is independent, so the outer loop runs on rayon.
 
 use rayon::prelude::*;
@@ -44,34 +46,45 @@ fn argmax(g: &PoolGeom, plane: &[f32], oy: usize, ox: usize) -> usize {
     best
 }
 
-/// `y[n,c,oy,ox] = max` of the window at `(oy·stride, ox·stride)` (overwrites `y`).
-pub fn maxpool_forward(g: &PoolGeom, x: &[f32], y: &mut [f32]) {
-    check(g, &[("x", x.len(), g.x_len()), ("y", y.len(), g.y_len())]);
-    let (oh, ow) = (g.out_h(), g.out_w());
-    if y.is_empty() {
-        return;
-    }
-    y.par_chunks_mut(oh * ow)
-        .enumerate()
-        .for_each(|(plane, y_plane)| {
-            let x_plane = &x[plane * g.h * g.w..][..g.h * g.w];
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    y_plane[oy * ow + ox] = x_plane[argmax(g, x_plane, oy, ox)];
-                }
-            }
-        });
-}
-
-/// Routes each `dy` to its window's first maximum in `x`; zeros elsewhere
-/// (overwrites `dx`). `y` is accepted for the trait's sake and only
-/// length-checked: the argmax is recomputed from `x`.
-pub fn maxpool_backward(g: &PoolGeom, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f32]) {
+/// `y[n,c,oy,ox] = max` of the window at `(oy·stride, ox·stride)`, and
+/// `arg[n,c,oy,ox]` = where its first maximum lies, as the offset `a·size + b`
+/// inside the window (an f32, exact) (overwrites both).
+pub fn maxpool_forward(g: &PoolGeom, x: &[f32], y: &mut [f32], arg: &mut [f32]) {
     check(
         g,
         &[
             ("x", x.len(), g.x_len()),
             ("y", y.len(), g.y_len()),
+            ("arg", arg.len(), g.y_len()),
+        ],
+    );
+    let (oh, ow) = (g.out_h(), g.out_w());
+    if y.is_empty() {
+        return;
+    }
+    y.par_chunks_mut(oh * ow)
+        .zip(arg.par_chunks_mut(oh * ow))
+        .enumerate()
+        .for_each(|(plane, (y_plane, arg_plane))| {
+            let x_plane = &x[plane * g.h * g.w..][..g.h * g.w];
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let best = argmax(g, x_plane, oy, ox);
+                    let (a, b) = (best / g.w - oy * g.stride, best % g.w - ox * g.stride);
+                    y_plane[oy * ow + ox] = x_plane[best];
+                    arg_plane[oy * ow + ox] = (a * g.size + b) as f32;
+                }
+            }
+        });
+}
+
+/// Routes each `dy` to the element its window's `arg` (from
+/// [`maxpool_forward`]) names; zeros elsewhere (overwrites `dx`).
+pub fn maxpool_backward(g: &PoolGeom, arg: &[f32], dy: &[f32], dx: &mut [f32]) {
+    check(
+        g,
+        &[
+            ("arg", arg.len(), g.y_len()),
             ("dy", dy.len(), g.y_len()),
             ("dx", dx.len(), g.x_len()),
         ],
@@ -83,12 +96,15 @@ pub fn maxpool_backward(g: &PoolGeom, x: &[f32], y: &[f32], dy: &[f32], dx: &mut
     dx.par_chunks_mut(g.h * g.w)
         .enumerate()
         .for_each(|(plane, dx_plane)| {
-            let x_plane = &x[plane * g.h * g.w..][..g.h * g.w];
+            let arg_plane = &arg[plane * oh * ow..][..oh * ow];
             let dy_plane = &dy[plane * oh * ow..][..oh * ow];
             let mut acc = vec![0.0f64; g.h * g.w];
             for oy in 0..oh {
                 for ox in 0..ow {
-                    acc[argmax(g, x_plane, oy, ox)] += dy_plane[oy * ow + ox] as f64;
+                    let at = arg_plane[oy * ow + ox] as usize;
+                    let (a, b) = (at / g.size, at % g.size);
+                    let i = (oy * g.stride + a) * g.w + ox * g.stride + b;
+                    acc[i] += dy_plane[oy * ow + ox] as f64;
                 }
             }
             for (out, a) in dx_plane.iter_mut().zip(&acc) {

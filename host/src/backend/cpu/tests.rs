@@ -389,9 +389,14 @@ fn lrn_backward_finite_differences() {
 // ---------------------------------------------------------------- maxpool
 
 fn maxpool(g: &PoolGeom, x: &[f32]) -> Vec<f32> {
-    let mut y = poisoned(g.y_len());
-    pool::maxpool_forward(g, x, &mut y);
-    y
+    maxpool_arg(g, x).0
+}
+
+/// The forward pass's output and saved argmax offsets.
+fn maxpool_arg(g: &PoolGeom, x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (mut y, mut arg) = (poisoned(g.y_len()), poisoned(g.y_len()));
+    pool::maxpool_forward(g, x, &mut y, &mut arg);
+    (y, arg)
 }
 
 #[test]
@@ -409,9 +414,9 @@ fn maxpool_backward_finite_differences() {
     let mut x: Vec<f32> = (0..g.x_len()).map(|i| i as f32 * 0.1).collect();
     x.shuffle(&mut r);
     let dy = random_vec(&mut r, g.y_len(), 1.0);
-    let y = maxpool(&g, &x);
+    let (_, arg) = maxpool_arg(&g, &x);
     let mut dx = poisoned(g.x_len());
-    pool::maxpool_backward(&g, &x, &y, &dy, &mut dx);
+    pool::maxpool_backward(&g, &arg, &dy, &mut dx);
     check_gradient("maxpool dx", &x, &dx, |x| dot(&dy, &maxpool(&g, x)));
 }
 
@@ -432,9 +437,11 @@ fn maxpool_hand_computed_and_ties() {
     // Window (0,0) has 5 at (0,1) and (1,0): first in row-major is (0,1).
     // Window (0,1) has 5 at (0,1) and (1,2): (0,1). Window (1,0): (1,0).
     // Window (1,1): 5 at (1,2) only.
-    let y = maxpool(&g, &x);
+    let (_, arg) = maxpool_arg(&g, &x);
+    // Offsets a·2 + b in each 2×2 window.
+    assert_close("maxpool arg", &arg, &[1.0, 0.0, 0.0, 1.0], 0.0);
     let mut dx = poisoned(9);
-    pool::maxpool_backward(&g, &x, &y, &[1.0, 2.0, 4.0, 8.0], &mut dx);
+    pool::maxpool_backward(&g, &arg, &[1.0, 2.0, 4.0, 8.0], &mut dx);
     assert_close(
         "maxpool ties",
         &dx,
@@ -443,8 +450,10 @@ fn maxpool_hand_computed_and_ties() {
     );
 
     // A constant plane: every window routes to its top-left element.
+    let (_, arg) = maxpool_arg(&g, &[7.0; 9]);
+    assert_close("maxpool flat arg", &arg, &[0.0; 4], 0.0);
     let mut dx = poisoned(9);
-    pool::maxpool_backward(&g, &[7.0; 9], &[7.0; 4], &[1.0, 2.0, 4.0, 8.0], &mut dx);
+    pool::maxpool_backward(&g, &arg, &[1.0, 2.0, 4.0, 8.0], &mut dx);
     assert_close(
         "maxpool flat",
         &dx,

@@ -1,6 +1,6 @@
 //! Launchers for the fully connected kernels: `fc_forward`, `fc_backward_data`,
-//! `fc_backward_filter` (64×64 output tiles of 256 threads, grid x over the
-//! GEMM's N and y over its M; see `gpu-kernels/src/gemm.rs`) and
+//! `fc_backward_filter` (64- or 128-row × 64 output tiles of 256 threads, grid
+//! x over the GEMM's N and y over its M; see `gpu-kernels/src/gemm.rs`) and
 //! `fc_backward_bias` (one thread per output).
 
 use super::{CudaBackend, check_len, gemm_names, launch};
@@ -8,17 +8,32 @@ use crate::backend::FcGeom;
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
-/// Tile grid of the GEMM engine for an `m × n` result, `z` problems.
-pub(super) fn tiles(m: usize, n: usize, z: usize) -> LaunchConfig {
+/// Tile grid of the GEMM engine for an `m × n` result, `z` problems, and
+/// whether it uses the 128-row (`_wide`) kernels.
+pub(super) fn tiles(be: &CudaBackend, m: usize, n: usize, z: usize) -> (LaunchConfig, bool) {
+    let wide = be.wide_tiles(m, Some(n.div_ceil(64) * z));
+    (grid(m, n, z, wide), wide)
+}
+
+/// Tile grid for an `m × n` result, `z` problems, at the given tile height.
+pub(super) fn grid(m: usize, n: usize, z: usize, wide: bool) -> LaunchConfig {
+    let rows = if wide { 128 } else { 64 };
     LaunchConfig {
-        grid_dim: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, z as u32),
+        grid_dim: (n.div_ceil(64) as u32, m.div_ceil(rows) as u32, z as u32),
         block_dim: (256, 1, 1),
-        shared_mem_bytes: GEMM_SHARED_BYTES,
+        shared_mem_bytes: gemm_shared_bytes(wide),
     }
 }
 
-/// Must equal `gpu_kernels::gemm::SHARED_BYTES`: 16·(64+4)·2 floats.
-pub(super) const GEMM_SHARED_BYTES: u32 = 16 * (64 + 4) * 2 * 4;
+/// Must equal `gpu_kernels::gemm::shared_bytes(wide)`: 4 stages of
+/// 16·(64+4)·2 floats, or 3 stages of 16·(128+4 + 64+4) floats.
+fn gemm_shared_bytes(wide: bool) -> u32 {
+    if wide {
+        3 * 16 * (128 + 4 + 64 + 4) * 4
+    } else {
+        4 * 16 * (64 + 4) * 2 * 4
+    }
+}
 
 fn dims(g: &FcGeom) -> (u32, u32, u32) {
     (g.n as u32, g.inputs as u32, g.outputs as u32)
@@ -37,7 +52,8 @@ pub(super) fn fc_forward(
     check_len("fc_forward bias", b, g.outputs)?;
     check_len("fc_forward y", y, g.n * g.outputs)?;
     let (n, i, o) = dims(g);
-    launch!(be, be.gemm_kernel(gemm_names!("fc_forward")), tiles(g.n, g.outputs, 1), || format!("{g:?}"); x, w, b, y, &n, &i, &o)
+    let (cfg, wide) = tiles(be, g.n, g.outputs, 1);
+    launch!(be, be.gemm_kernel(gemm_names!("fc_forward"), wide), cfg, || format!("{g:?}"); x, w, b, y, &n, &i, &o)
 }
 
 pub(super) fn fc_backward_data(
@@ -51,7 +67,8 @@ pub(super) fn fc_backward_data(
     check_len("fc_backward_data w", w, g.outputs * g.inputs)?;
     check_len("fc_backward_data dx", dx, g.n * g.inputs)?;
     let (n, i, o) = dims(g);
-    launch!(be, be.gemm_kernel(gemm_names!("fc_backward_data")), tiles(g.n, g.inputs, 1), || format!("{g:?}"); dy, w, dx, &n, &i, &o)
+    let (cfg, wide) = tiles(be, g.n, g.inputs, 1);
+    launch!(be, be.gemm_kernel(gemm_names!("fc_backward_data"), wide), cfg, || format!("{g:?}"); dy, w, dx, &n, &i, &o)
 }
 
 pub(super) fn fc_backward_filter(
@@ -65,7 +82,8 @@ pub(super) fn fc_backward_filter(
     check_len("fc_backward_filter dy", dy, g.n * g.outputs)?;
     check_len("fc_backward_filter dw", dw, g.outputs * g.inputs)?;
     let (n, i, o) = dims(g);
-    launch!(be, be.gemm_kernel(gemm_names!("fc_backward_filter")), tiles(g.outputs, g.inputs, 1), || format!("{g:?}"); x, dy, dw, &n, &i, &o)
+    let (cfg, wide) = tiles(be, g.outputs, g.inputs, 1);
+    launch!(be, be.gemm_kernel(gemm_names!("fc_backward_filter"), wide), cfg, || format!("{g:?}"); x, dy, dw, &n, &i, &o)
 }
 
 pub(super) fn fc_backward_bias(

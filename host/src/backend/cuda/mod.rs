@@ -36,10 +36,19 @@ const KERNELS: &[&str] = &[
     "conv_backward_filter",
     "conv_forward_tf32",
     "conv_forward_bf16",
+    "conv_forward_wide",
+    "conv_forward_tf32_wide",
+    "conv_forward_bf16_wide",
     "conv_backward_data_tf32",
     "conv_backward_data_bf16",
+    "conv_backward_data_wide",
+    "conv_backward_data_tf32_wide",
+    "conv_backward_data_bf16_wide",
     "conv_backward_filter_tf32",
     "conv_backward_filter_bf16",
+    "conv_backward_filter_wide",
+    "conv_backward_filter_tf32_wide",
+    "conv_backward_filter_bf16_wide",
     "conv_backward_bias",
     "splitk_reduce",
     "fc_forward",
@@ -47,10 +56,19 @@ const KERNELS: &[&str] = &[
     "fc_backward_filter",
     "fc_forward_tf32",
     "fc_forward_bf16",
+    "fc_forward_wide",
+    "fc_forward_tf32_wide",
+    "fc_forward_bf16_wide",
     "fc_backward_data_tf32",
     "fc_backward_data_bf16",
+    "fc_backward_data_wide",
+    "fc_backward_data_tf32_wide",
+    "fc_backward_data_bf16_wide",
     "fc_backward_filter_tf32",
     "fc_backward_filter_bf16",
+    "fc_backward_filter_wide",
+    "fc_backward_filter_tf32_wide",
+    "fc_backward_filter_bf16_wide",
     "fc_backward_bias",
     "relu_forward",
     "relu_backward",
@@ -149,6 +167,18 @@ pub struct CudaBackend {
     /// used only when `pinned_uploads` is on (the default).
     staging: Mutex<Staging>,
     pinned_uploads: bool,
+    gemm_tiles: GemmTiles,
+}
+
+/// Tile height of the GEMM engine's products (conv and fc): 64 or 128 rows
+/// of the result per block. `Auto` chooses per product (see `wide_tiles`);
+/// the environment variable `ALEXNET_GEMM_TILES=64|128` forces one
+/// (benchmarks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmTiles {
+    Auto,
+    Narrow,
+    Wide,
 }
 
 /// Two page-locked host buffers used in turn: a large `write` copies the
@@ -211,6 +241,11 @@ impl CudaBackend {
             precision: crate::config::Precision::Fp32,
             staging: Mutex::new(Staging::default()),
             pinned_uploads: std::env::var("ALEXNET_PINNED_UPLOADS").map_or(true, |v| v != "0"),
+            gemm_tiles: match std::env::var("ALEXNET_GEMM_TILES").as_deref() {
+                Ok("64") => GemmTiles::Narrow,
+                Ok("128") => GemmTiles::Wide,
+                _ => GemmTiles::Auto,
+            },
         })
     }
 
@@ -240,15 +275,38 @@ impl CudaBackend {
         self.pinned_uploads = on;
     }
 
-    /// The variant of a GEMM-engine kernel for the current precision, from
-    /// `[fp32, tf32, bf16]` names (see [`gemm_names`]).
-    fn gemm_kernel(&self, names: [&'static str; 3]) -> &'static str {
-        use crate::config::Precision;
-        match self.precision {
-            Precision::Fp32 => names[0],
-            Precision::Tf32 => names[1],
-            Precision::Bf16 => names[2],
+    /// Chooses the GEMM engine's tile height (see [`GemmTiles`]).
+    pub fn set_gemm_tiles(&mut self, t: GemmTiles) {
+        self.gemm_tiles = t;
+    }
+
+    /// Whether a product with `m` rows uses the 128-row tiles. `Auto` takes
+    /// them where they pad no more rows than 64-row tiles do and, when
+    /// `col_blocks` (64-column tiles × independent problems) is given, still
+    /// make at least two blocks per SM; `None` means split-K will supply the
+    /// blocks.
+    fn wide_tiles(&self, m: usize, col_blocks: Option<usize>) -> bool {
+        match self.gemm_tiles {
+            GemmTiles::Auto => {
+                let no_extra_rows = 2 * m.div_ceil(128) == m.div_ceil(64);
+                let enough = col_blocks.is_none_or(|c| m.div_ceil(128) * c >= 2 * self.sm_count() as usize);
+                no_extra_rows && enough
+            }
+            GemmTiles::Narrow => false,
+            GemmTiles::Wide => true,
         }
+    }
+
+    /// The variant of a GEMM-engine kernel for the current precision and
+    /// tile height, from the names [`gemm_names`] gives.
+    fn gemm_kernel(&self, names: [&'static str; 6], wide: bool) -> &'static str {
+        use crate::config::Precision;
+        let i = match self.precision {
+            Precision::Fp32 => 0,
+            Precision::Tf32 => 1,
+            Precision::Bf16 => 2,
+        };
+        names[i + if wide { 3 } else { 0 }]
     }
 
     fn func(&self, name: &'static str) -> &CudaFunction {
@@ -305,10 +363,18 @@ impl CudaBackend {
 
 /// Launches `$name` on the backend's stream with the given arguments; `$what`
 /// (a closure giving the shapes as text) goes into any error message.
-/// `[name, name_tf32, name_bf16]`: the variants of a GEMM-engine kernel.
+/// The variants of a GEMM-engine kernel: fp32, tf32, bf16 with 64-row tiles,
+/// then the same with 128-row tiles (`_wide`).
 macro_rules! gemm_names {
     ($base:literal) => {
-        [$base, concat!($base, "_tf32"), concat!($base, "_bf16")]
+        [
+            $base,
+            concat!($base, "_tf32"),
+            concat!($base, "_bf16"),
+            concat!($base, "_wide"),
+            concat!($base, "_tf32_wide"),
+            concat!($base, "_bf16_wide"),
+        ]
     };
 }
 pub(crate) use gemm_names;
@@ -532,18 +598,23 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         lrn::lrn_backward(self, p, x, y, scale, dy, dx)
     }
-    fn maxpool_forward(&self, g: &PoolGeom, x: &Self::Buf, y: &mut Self::Buf) -> Result<()> {
-        pool::maxpool_forward(self, g, x, y)
+    fn maxpool_forward(
+        &self,
+        g: &PoolGeom,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        arg: &mut Self::Buf,
+    ) -> Result<()> {
+        pool::maxpool_forward(self, g, x, y, arg)
     }
     fn maxpool_backward(
         &self,
         g: &PoolGeom,
-        x: &Self::Buf,
-        y: &Self::Buf,
+        arg: &Self::Buf,
         dy: &Self::Buf,
         dx: &mut Self::Buf,
     ) -> Result<()> {
-        pool::maxpool_backward(self, g, x, y, dy, dx)
+        pool::maxpool_backward(self, g, arg, dy, dx)
     }
     fn dropout_forward(&self, p: &DropoutParams, y: &mut Self::Buf) -> Result<()> {
         dropout::dropout_forward(self, p, y)
