@@ -312,6 +312,13 @@ fn conv_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
         c.gpu.conv_forward(&g, &gx, &gw, &gb, &mut gy)?;
         let got = c.gpu.download(&gy)?;
         c.check("conv_forward", &format!("{case}{label}"), &got, &want, tol);
+        // With the ReLU fused into the epilogue (ReLU is 1-Lipschitz, so the
+        // same tolerance holds).
+        c.cpu.conv_forward_relu(&g, &x, &w, &b, &mut want)?;
+        let mut gy = c.gpu.poisoned(g.y_len())?;
+        c.gpu.conv_forward_relu(&g, &gx, &gw, &gb, &mut gy)?;
+        let got = c.gpu.download(&gy)?;
+        c.check("conv_forward", &format!("{case}{label} +relu"), &got, &want, tol);
     }
     Ok(())
 }
@@ -605,6 +612,28 @@ fn lrn_backward(c: &mut Ctx) -> Result<()> {
         c.gpu.lrn_backward(&p, &gx, &gy, &gs, &gdy, &mut gdx)?;
         let got = c.gpu.download(&gdx)?;
         c.check("lrn_backward", case, &got, &want, 1e-5);
+    }
+    // With the preceding ReLU's backward fused: x is a ReLU output (about
+    // half zeros), dx must be zero exactly there.
+    for (case, p) in lrn_cases() {
+        let x: Vec<f32> = c.randn(p.len(), 3.0).iter().map(|v| v.max(0.0)).collect();
+        let dy = c.randn(p.len(), 1.0);
+        let (mut y, mut s) = (vec![0.0; p.len()], vec![0.0; p.len()]);
+        c.cpu.lrn_forward(&p, &x, &mut y, &mut s)?;
+        let mut want = vec![0.0; p.len()];
+        c.cpu.lrn_backward_relu(&p, &x, &y, &s, &dy, &mut want)?;
+        let (gx, gy, gs, gdy) = (
+            c.gpu.upload(&x)?,
+            c.gpu.upload(&y)?,
+            c.gpu.upload(&s)?,
+            c.gpu.upload(&dy)?,
+        );
+        let mut gdx = c.gpu.poisoned(p.len())?;
+        c.gpu.lrn_backward_relu(&p, &gx, &gy, &gs, &gdy, &mut gdx)?;
+        let got = c.gpu.download(&gdx)?;
+        c.check("lrn_backward", &format!("{case} +relu"), &got, &want, 1e-5);
+        let leaks = got.iter().zip(&x).filter(|(g, x)| **x <= 0.0 && **g != 0.0).count();
+        c.check("lrn_backward", &format!("{case} +relu mask"), &[leaks as f32], &[0.0], 0.0);
     }
     Ok(())
 }

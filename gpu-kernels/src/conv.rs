@@ -34,6 +34,8 @@ pub struct ConvShape {
     pub groups: u32,
     pub oh: u32,
     pub ow: u32,
+    /// Forward only: nonzero to apply ReLU in the epilogue (`max(0, ·)`).
+    pub relu: u32,
 }
 
 impl ConvShape {
@@ -187,7 +189,7 @@ impl Operand for Patches {
     }
 }
 
-/// Stores y[n, g·Fg+f, oh, ow] = acc + bias.
+/// Stores y[n, g·Fg+f, oh, ow] = acc + bias, through ReLU if `s.relu`.
 struct StoreOutput {
     y: *mut f32,
     bias: *const f32,
@@ -203,7 +205,8 @@ impl Epilogue for StoreOutput {
         let (img, p) = (n / ohw, n % ohw);
         let f = self.g * s.fg() + m;
         let idx = (img as usize * s.c_out as usize + f as usize) * ohw as usize + p as usize;
-        unsafe { *self.y.add(idx) = acc + *self.bias.add(f as usize) };
+        let v = acc + unsafe { *self.bias.add(f as usize) };
+        unsafe { *self.y.add(idx) = if s.relu != 0 { v.max(0.0) } else { v } };
     }
 }
 

@@ -8,9 +8,25 @@
 //! elements). Backward without atomics (so it is deterministic): one thread per
 //! *input* element visits the few windows that contain it and adds the `dy` of
 //! each window whose saved offset points at it; it reads neither x nor y.
-//! 1-D grid-stride mappings.
+//!
+//! Mapping (both): 32×8 blocks over a plane's columns and rows (the output's
+//! for the forward pass, the input's for the backward), grid x over columns,
+//! y over rows, z over the N·C planes (striding when there are more than the
+//! grid holds), so a thread finds its element without dividing.
 
-use crate::device::grid_stride;
+use crate::device::{bdim_x, bdim_y, bid_x, bid_y, bid_z, gdim_z, tid_x, tid_y};
+
+/// This thread's (column, row) in a plane, and its first plane and the
+/// plane stride.
+#[inline(always)]
+fn place() -> (u32, u32, u32, u32) {
+    (
+        bid_x() * bdim_x() + tid_x(),
+        bid_y() * bdim_y() + tid_y(),
+        bid_z(),
+        gdim_z(),
+    )
+}
 
 /// Max pool forward: `y[n,c,oh,ow] = max` over its window of x, and
 /// `arg[n,c,oh,ow]` = the offset of its first maximum in the window.
@@ -27,13 +43,14 @@ pub unsafe extern "ptx-kernel" fn maxpool_forward(
     oh: u32,
     ow: u32,
 ) {
-    let (mut i, step) = grid_stride();
-    let total = planes as usize * (oh * ow) as usize;
-    while i < total {
-        let plane = i / (oh * ow) as usize;
-        let o = (i % (oh * ow) as usize) as u32;
-        let (r, c) = (o / ow, o % ow);
-        let xp = unsafe { x.add(plane * (h * w) as usize + (r * stride * w + c * stride) as usize) };
+    let (c, r, mut plane, step) = place();
+    if c >= ow || r >= oh {
+        return;
+    }
+    while plane < planes {
+        let xp = unsafe {
+            x.add(plane as usize * (h * w) as usize + (r * stride * w + c * stride) as usize)
+        };
         let mut best = unsafe { *xp };
         let mut at = 0u32;
         for a in 0..size {
@@ -45,11 +62,12 @@ pub unsafe extern "ptx-kernel" fn maxpool_forward(
                 }
             }
         }
+        let o = plane as usize * (oh * ow) as usize + (r * ow + c) as usize;
         unsafe {
-            *y.add(i) = best;
-            *arg.add(i) = at as f32;
+            *y.add(o) = best;
+            *arg.add(o) = at as f32;
         }
-        i += step;
+        plane += step;
     }
 }
 
@@ -69,27 +87,26 @@ pub unsafe extern "ptx-kernel" fn maxpool_backward(
     oh: u32,
     ow: u32,
 ) {
-    let (mut i, step) = grid_stride();
-    let total = planes as usize * (h * w) as usize;
-    while i < total {
-        let plane = i / (h * w) as usize;
-        let p = (i % (h * w) as usize) as u32;
-        let (ih, iw) = (p / w, p % w);
-        let off = plane * (oh * ow) as usize;
+    let (iw, ih, mut plane, step) = place();
+    if iw >= w || ih >= h {
+        return;
+    }
+    // Windows r with r·stride ≤ ih < r·stride + size.
+    let r_lo = if ih + 1 > size {
+        (ih + 1 - size).div_ceil(stride)
+    } else {
+        0
+    };
+    let r_hi = (ih / stride).min(oh - 1);
+    let c_lo = if iw + 1 > size {
+        (iw + 1 - size).div_ceil(stride)
+    } else {
+        0
+    };
+    let c_hi = (iw / stride).min(ow - 1);
+    while plane < planes {
+        let off = plane as usize * (oh * ow) as usize;
         let (dyp, argp) = unsafe { (dy.add(off), arg.add(off)) };
-        // Windows r with r·stride ≤ ih < r·stride + size.
-        let r_lo = if ih + 1 > size {
-            (ih + 1 - size).div_ceil(stride)
-        } else {
-            0
-        };
-        let r_hi = (ih / stride).min(oh - 1);
-        let c_lo = if iw + 1 > size {
-            (iw + 1 - size).div_ceil(stride)
-        } else {
-            0
-        };
-        let c_hi = (iw / stride).min(ow - 1);
         let mut acc = 0.0f32;
         let mut r = r_lo;
         while r <= r_hi {
@@ -104,7 +121,7 @@ pub unsafe extern "ptx-kernel" fn maxpool_backward(
             }
             r += 1;
         }
-        unsafe { *dx.add(i) = acc };
-        i += step;
+        unsafe { *dx.add(plane as usize * (h * w) as usize + (ih * w + iw) as usize) = acc };
+        plane += step;
     }
 }

@@ -36,6 +36,10 @@ struct Slot {
     /// What the forward pass keeps for the backward pass besides the
     /// activations: LRN's scale, max pooling's argmax offsets.
     saved: Option<usize>,
+    /// A ReLU layer whose forward pass the conv layer before it does (in its
+    /// epilogue), and whose backward pass the LRN layer after it does.
+    relu_in_prev: bool,
+    relu_in_next: bool,
 }
 
 /// A network instantiated for a fixed batch size on backend `B`.
@@ -134,6 +138,8 @@ impl<B: Backend> Model<B> {
                 dst,
                 params: None,
                 saved: None,
+                relu_in_prev: false,
+                relu_in_next: false,
             };
             let init = match &l.kind {
                 LayerKind::Conv(c) => Some((c.init_std, c.init_bias)),
@@ -165,6 +171,14 @@ impl<B: Backend> Model<B> {
                 slot.saved = Some(saved.len() - 1);
             }
             slots.push(slot);
+        }
+        for i in 0..layers.len() {
+            if let LayerKind::Relu = layers[i].kind {
+                let prev = i.checked_sub(1).map(|p| &layers[p].kind);
+                let next = layers.get(i + 1).map(|l| &l.kind);
+                slots[i].relu_in_prev = matches!(prev, Some(LayerKind::Conv(_)));
+                slots[i].relu_in_next = matches!(next, Some(LayerKind::Lrn(_)));
+            }
         }
         Ok(Self {
             labels: be.upload_labels(&vec![0; batch])?,
@@ -251,7 +265,12 @@ impl<B: Backend> Model<B> {
                     let g = l.conv_geom(n).unwrap();
                     let (w, b) = s.params.unwrap();
                     let (x, y) = pair(&mut self.acts, s.src, s.dst);
-                    be.conv_forward(&g, x, &self.params[w].value, &self.params[b].value, y)?;
+                    let (w, b) = (&self.params[w].value, &self.params[b].value);
+                    if self.slots.get(i + 1).is_some_and(|r| r.relu_in_prev) {
+                        be.conv_forward_relu(&g, x, w, b, y)?;
+                    } else {
+                        be.conv_forward(&g, x, w, b, y)?;
+                    }
                 }
                 LayerKind::Fc(_) => {
                     let g = l.fc_geom(n).unwrap();
@@ -259,6 +278,7 @@ impl<B: Backend> Model<B> {
                     let (x, y) = pair(&mut self.acts, s.src, s.dst);
                     be.fc_forward(&g, x, &self.params[w].value, &self.params[b].value, y)?;
                 }
+                LayerKind::Relu if s.relu_in_prev => {}
                 LayerKind::Relu => be.relu_forward(&mut self.acts[s.dst])?,
                 LayerKind::Lrn(_) => {
                     let p = l.lrn_params(n).unwrap();
@@ -332,6 +352,7 @@ impl<B: Backend> Model<B> {
                         be.dropout_backward(&dp, &mut self.grads[s.dst])?;
                     }
                 }
+                LayerKind::Relu if s.relu_in_next => {}
                 LayerKind::Relu => be.relu_backward(&self.acts[s.dst], &mut self.grads[s.dst])?,
                 LayerKind::Fc(_) => {
                     let g = l.fc_geom(n).unwrap();
@@ -366,8 +387,13 @@ impl<B: Backend> Model<B> {
                 LayerKind::Lrn(_) => {
                     let p = l.lrn_params(n).unwrap();
                     let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
+                    let (x, y) = (&self.acts[s.src], &self.acts[s.dst]);
                     let scale = &self.saved[s.saved.unwrap()];
-                    be.lrn_backward(&p, &self.acts[s.src], &self.acts[s.dst], scale, dy, dx)?;
+                    if i > 0 && self.slots[i - 1].relu_in_next {
+                        be.lrn_backward_relu(&p, x, y, scale, dy, dx)?;
+                    } else {
+                        be.lrn_backward(&p, x, y, scale, dy, dx)?;
+                    }
                 }
                 LayerKind::MaxPool(_) => {
                     let g = l.pool_geom(n).unwrap();

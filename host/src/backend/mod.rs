@@ -270,6 +270,18 @@ pub trait Backend {
         bias: &Self::Buf,
         y: &mut Self::Buf,
     ) -> Result<()>;
+    /// `conv_forward` followed by `relu_forward` on `y` (one pass on the GPU).
+    fn conv_forward_relu(
+        &self,
+        g: &ConvGeom,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        bias: &Self::Buf,
+        y: &mut Self::Buf,
+    ) -> Result<()> {
+        self.conv_forward(g, x, w, bias, y)?;
+        self.relu_forward(y)
+    }
     /// `dx = ∂L/∂x` from `dy` (overwrites `dx`).
     fn conv_backward_data(
         &self,
@@ -340,6 +352,20 @@ pub trait Backend {
         dy: &Self::Buf,
         dx: &mut Self::Buf,
     ) -> Result<()>;
+    /// `lrn_backward` followed by the backward pass of the ReLU whose output
+    /// `x` is (`dx = 0` where `x ≤ 0`; one pass on the GPU).
+    fn lrn_backward_relu(
+        &self,
+        p: &LrnParams,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        scale: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()> {
+        self.lrn_backward(p, x, y, scale, dy, dx)?;
+        self.relu_backward(x, dx)
+    }
 
     /// `y` = each window's maximum; `arg` (same length) = where its first
     /// maximum lies (row-major scan; ties go to the lowest row, then

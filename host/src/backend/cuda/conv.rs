@@ -29,6 +29,7 @@ struct ConvShape {
     groups: u32,
     oh: u32,
     ow: u32,
+    relu: u32,
 }
 
 unsafe impl DeviceRepr for ConvShape {}
@@ -48,6 +49,7 @@ fn shape(g: &ConvGeom) -> Result<ConvShape> {
         groups: g.groups as u32,
         oh: g.out_h() as u32,
         ow: g.out_w() as u32,
+        relu: 0,
     })
 }
 
@@ -58,8 +60,12 @@ pub(super) fn conv_forward(
     w: &CudaSlice<f32>,
     bias: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
+    relu: bool,
 ) -> Result<()> {
-    let s = shape(g)?;
+    let s = ConvShape {
+        relu: relu as u32,
+        ..shape(g)?
+    };
     check_len("conv_forward x", x, g.x_len())?;
     check_len("conv_forward w", w, g.w_len())?;
     check_len("conv_forward bias", bias, g.c_out)?;

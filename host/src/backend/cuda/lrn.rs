@@ -36,6 +36,7 @@ pub(super) fn lrn_backward(
     scale: &CudaSlice<f32>,
     dy: &CudaSlice<f32>,
     dx: &mut CudaSlice<f32>,
+    relu: bool,
 ) -> Result<()> {
     let len = p.len();
     for (name, b) in [("x", x), ("y", y), ("scale", scale), ("dy", dy)] {
@@ -43,7 +44,7 @@ pub(super) fn lrn_backward(
     }
     check_len("lrn_backward dx", dx, len)?;
     let (n, c, hw, pixels) = dims(p);
-    let size = p.size as u32;
+    let (size, relu) = (p.size as u32, relu as u32);
     launch!(be, "lrn_backward", grid_1d(be, pixels), || format!("{p:?}");
-        x, y, scale, dy, dx, &n, &c, &hw, &size, &p.alpha, &p.beta)
+        x, y, scale, dy, dx, &n, &c, &hw, &size, &p.alpha, &p.beta, &relu)
 }

@@ -518,7 +518,17 @@ impl Backend for CudaBackend {
         bias: &Self::Buf,
         y: &mut Self::Buf,
     ) -> Result<()> {
-        conv::conv_forward(self, g, x, w, bias, y)
+        conv::conv_forward(self, g, x, w, bias, y, false)
+    }
+    fn conv_forward_relu(
+        &self,
+        g: &ConvGeom,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        bias: &Self::Buf,
+        y: &mut Self::Buf,
+    ) -> Result<()> {
+        conv::conv_forward(self, g, x, w, bias, y, true)
     }
     fn conv_backward_data(
         &self,
@@ -596,7 +606,18 @@ impl Backend for CudaBackend {
         dy: &Self::Buf,
         dx: &mut Self::Buf,
     ) -> Result<()> {
-        lrn::lrn_backward(self, p, x, y, scale, dy, dx)
+        lrn::lrn_backward(self, p, x, y, scale, dy, dx, false)
+    }
+    fn lrn_backward_relu(
+        &self,
+        p: &LrnParams,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        scale: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()> {
+        lrn::lrn_backward(self, p, x, y, scale, dy, dx, true)
     }
     fn maxpool_forward(
         &self,

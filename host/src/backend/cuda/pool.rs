@@ -1,11 +1,25 @@
 //! Launchers for `maxpool_forward` (one thread per output; also saves each
 //! window's argmax offset) and `maxpool_backward` (one thread per input,
-//! routing by the saved offsets), 1-D grid-stride.
+//! routing by the saved offsets): 32×8 blocks over a plane, planes along z.
 
-use super::{CudaBackend, check_len, grid_1d, launch};
+use super::{CudaBackend, check_len, launch};
 use crate::backend::PoolGeom;
 use anyhow::Result;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, LaunchConfig};
+
+/// 32×8 blocks covering a `cols × rows` plane; grid z over the planes (the
+/// kernels stride over any beyond the grid's limit of 65,535).
+fn plane_grid(cols: usize, rows: usize, planes: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            cols.div_ceil(32) as u32,
+            rows.div_ceil(8) as u32,
+            planes.clamp(1, 65_535) as u32,
+        ),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    }
+}
 
 fn dims(g: &PoolGeom) -> [u32; 7] {
     [
@@ -30,7 +44,7 @@ pub(super) fn maxpool_forward(
     check_len("maxpool_forward y", y, g.y_len())?;
     check_len("maxpool_forward arg", arg, g.y_len())?;
     let [planes, h, w, size, stride, oh, ow] = dims(g);
-    launch!(be, "maxpool_forward", grid_1d(be, g.y_len()), || format!("{g:?}");
+    launch!(be, "maxpool_forward", plane_grid(g.out_w(), g.out_h(), g.n * g.c), || format!("{g:?}");
         x, y, arg, &planes, &h, &w, &size, &stride, &oh, &ow)
 }
 
@@ -45,6 +59,6 @@ pub(super) fn maxpool_backward(
     check_len("maxpool_backward dy", dy, g.y_len())?;
     check_len("maxpool_backward dx", dx, g.x_len())?;
     let [planes, h, w, size, stride, oh, ow] = dims(g);
-    launch!(be, "maxpool_backward", grid_1d(be, g.x_len()), || format!("{g:?}");
+    launch!(be, "maxpool_backward", plane_grid(g.w, g.h, g.n * g.c), || format!("{g:?}");
         arg, dy, dx, &planes, &h, &w, &size, &stride, &oh, &ow)
 }
