@@ -37,8 +37,8 @@ pub fn gdim_x() -> u32 {
     unsafe { nvptx::_grid_dim_x() as u32 }
 }
 #[inline(always)]
-pub fn gdim_z() -> u32 {
-    unsafe { nvptx::_grid_dim_z() as u32 }
+pub fn gdim_y() -> u32 {
+    unsafe { nvptx::_grid_dim_y() as u32 }
 }
 
 /// Global index of this thread along x, and the grid-stride step.

@@ -9,23 +9,21 @@
 //! *input* element visits the few windows that contain it and adds the `dy` of
 //! each window whose saved offset points at it; it reads neither x nor y.
 //!
-//! Mapping (both): 32×8 blocks over a plane's columns and rows (the output's
-//! for the forward pass, the input's for the backward), grid x over columns,
-//! y over rows, z over the N·C planes (striding when there are more than the
-//! grid holds), so a thread finds its element without dividing.
+//! Mapping (both): 256-thread blocks over a plane's elements (the output's
+//! for the forward pass, the input's for the backward), grid x over them, y
+//! over the N·C planes (striding when there are more than the grid holds);
+//! 32-bit index math only. Where a dimension meets at most two windows
+//! (size ≤ 2·stride, as AlexNet's 3/2) the backward pass reads its four
+//! candidate windows without a loop, so their loads overlap.
 
-use crate::device::{bdim_x, bdim_y, bid_x, bid_y, bid_z, gdim_z, tid_x, tid_y};
+use crate::device::{bdim_x, bid_x, bid_y, gdim_y, tid_x};
 
-/// This thread's (column, row) in a plane, and its first plane and the
-/// plane stride.
+/// This thread's element in a plane of `len`, its first plane and the
+/// plane stride; `None` past the plane's end.
 #[inline(always)]
-fn place() -> (u32, u32, u32, u32) {
-    (
-        bid_x() * bdim_x() + tid_x(),
-        bid_y() * bdim_y() + tid_y(),
-        bid_z(),
-        gdim_z(),
-    )
+fn place(len: u32) -> Option<(u32, u32, u32)> {
+    let q = bid_x() * bdim_x() + tid_x();
+    (q < len).then(|| (q, bid_y(), gdim_y()))
 }
 
 /// Max pool forward: `y[n,c,oh,ow] = max` over its window of x, and
@@ -43,10 +41,10 @@ pub unsafe extern "ptx-kernel" fn maxpool_forward(
     oh: u32,
     ow: u32,
 ) {
-    let (c, r, mut plane, step) = place();
-    if c >= ow || r >= oh {
+    let Some((q, mut plane, step)) = place(oh * ow) else {
         return;
-    }
+    };
+    let (r, c) = (q / ow, q % ow);
     while plane < planes {
         let xp = unsafe {
             x.add(plane as usize * (h * w) as usize + (r * stride * w + c * stride) as usize)
@@ -87,10 +85,10 @@ pub unsafe extern "ptx-kernel" fn maxpool_backward(
     oh: u32,
     ow: u32,
 ) {
-    let (iw, ih, mut plane, step) = place();
-    if iw >= w || ih >= h {
+    let Some((q, mut plane, step)) = place(h * w) else {
         return;
-    }
+    };
+    let (ih, iw) = (q / w, q % w);
     // Windows r with r·stride ≤ ih < r·stride + size.
     let r_lo = if ih + 1 > size {
         (ih + 1 - size).div_ceil(stride)
@@ -104,24 +102,41 @@ pub unsafe extern "ptx-kernel" fn maxpool_backward(
         0
     };
     let c_hi = (iw / stride).min(ow - 1);
+    let two = size <= 2 * stride;
     while plane < planes {
         let off = plane as usize * (oh * ow) as usize;
         let (dyp, argp) = unsafe { (dy.add(off), arg.add(off)) };
+        // dy of window (r, c) if its first maximum is this element, else 0.
+        let routed = |r: u32, c: u32| -> f32 {
+            let here = ((ih - r * stride) * size + iw - c * stride) as f32;
+            let o = (r * ow + c) as usize;
+            let (a, d) = unsafe { (*argp.add(o), *dyp.add(o)) };
+            if a == here { d } else { 0.0 }
+        };
         let mut acc = 0.0f32;
-        let mut r = r_lo;
-        while r <= r_hi {
-            let mut c = c_lo;
-            while c <= c_hi {
-                let here = ((ih - r * stride) * size + iw - c * stride) as f32;
-                let o = (r * ow + c) as usize;
-                if unsafe { *argp.add(o) } == here {
-                    acc += unsafe { *dyp.add(o) };
+        if two {
+            // Candidates r_hi − 1, r_hi (and likewise columns), in window
+            // order; a zero term leaves the sum unchanged.
+            let r0 = r_hi >= 1 && r_hi - 1 >= r_lo;
+            let c0 = c_hi >= 1 && c_hi - 1 >= c_lo;
+            let (r1, c1) = (r_hi >= r_lo, c_hi >= c_lo);
+            let t00 = if r0 && c0 { routed(r_hi - 1, c_hi - 1) } else { 0.0 };
+            let t01 = if r0 && c1 { routed(r_hi - 1, c_hi) } else { 0.0 };
+            let t10 = if r1 && c0 { routed(r_hi, c_hi - 1) } else { 0.0 };
+            let t11 = if r1 && c1 { routed(r_hi, c_hi) } else { 0.0 };
+            acc = t00 + t01 + t10 + t11;
+        } else {
+            let mut r = r_lo;
+            while r <= r_hi {
+                let mut c = c_lo;
+                while c <= c_hi {
+                    acc += routed(r, c);
+                    c += 1;
                 }
-                c += 1;
+                r += 1;
             }
-            r += 1;
         }
-        unsafe { *dx.add(plane as usize * (h * w) as usize + (ih * w + iw) as usize) = acc };
+        unsafe { *dx.add(plane as usize * (h * w) as usize + q as usize) = acc };
         plane += step;
     }
 }

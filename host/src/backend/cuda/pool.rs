@@ -1,22 +1,19 @@
 //! Launchers for `maxpool_forward` (one thread per output; also saves each
 //! window's argmax offset) and `maxpool_backward` (one thread per input,
-//! routing by the saved offsets): 32×8 blocks over a plane, planes along z.
+//! routing by the saved offsets): 256-thread blocks over a plane, planes
+//! along grid y.
 
 use super::{CudaBackend, check_len, launch};
 use crate::backend::PoolGeom;
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
-/// 32×8 blocks covering a `cols × rows` plane; grid z over the planes (the
-/// kernels stride over any beyond the grid's limit of 65,535).
-fn plane_grid(cols: usize, rows: usize, planes: usize) -> LaunchConfig {
+/// 256-thread blocks over a plane of `len` elements, grid y over the planes
+/// (the kernels stride over any beyond the grid's limit of 65,535).
+fn plane_grid(len: usize, planes: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (
-            cols.div_ceil(32) as u32,
-            rows.div_ceil(8) as u32,
-            planes.clamp(1, 65_535) as u32,
-        ),
-        block_dim: (32, 8, 1),
+        grid_dim: (len.div_ceil(256) as u32, planes.clamp(1, 65_535) as u32, 1),
+        block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     }
 }
@@ -44,7 +41,7 @@ pub(super) fn maxpool_forward(
     check_len("maxpool_forward y", y, g.y_len())?;
     check_len("maxpool_forward arg", arg, g.y_len())?;
     let [planes, h, w, size, stride, oh, ow] = dims(g);
-    launch!(be, "maxpool_forward", plane_grid(g.out_w(), g.out_h(), g.n * g.c), || format!("{g:?}");
+    launch!(be, "maxpool_forward", plane_grid(g.out_w() * g.out_h(), g.n * g.c), || format!("{g:?}");
         x, y, arg, &planes, &h, &w, &size, &stride, &oh, &ow)
 }
 
@@ -59,6 +56,6 @@ pub(super) fn maxpool_backward(
     check_len("maxpool_backward dy", dy, g.y_len())?;
     check_len("maxpool_backward dx", dx, g.x_len())?;
     let [planes, h, w, size, stride, oh, ow] = dims(g);
-    launch!(be, "maxpool_backward", plane_grid(g.w, g.h, g.n * g.c), || format!("{g:?}");
+    launch!(be, "maxpool_backward", plane_grid(g.w * g.h, g.n * g.c), || format!("{g:?}");
         arg, dy, dx, &planes, &h, &w, &size, &stride, &oh, &ow)
 }
