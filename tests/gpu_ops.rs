@@ -267,14 +267,22 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
 fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
     for wide in [false, true] {
         c.wide = wide;
-        c.gpu.set_gemm_tiles(if wide { GemmTiles::Wide } else { GemmTiles::Narrow });
+        c.gpu.set_gemm_tiles(if wide {
+            GemmTiles::Wide
+        } else {
+            GemmTiles::Narrow
+        });
         for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
             c.gpu.set_precision(p)?;
             let result = test(c, p);
             c.gpu.set_precision(Precision::Fp32)?;
             c.gpu.set_gemm_tiles(GemmTiles::Auto);
             result?;
-            c.gpu.set_gemm_tiles(if wide { GemmTiles::Wide } else { GemmTiles::Narrow });
+            c.gpu.set_gemm_tiles(if wide {
+                GemmTiles::Wide
+            } else {
+                GemmTiles::Narrow
+            });
         }
     }
     c.gpu.set_gemm_tiles(GemmTiles::Auto);
@@ -318,7 +326,13 @@ fn conv_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
         let mut gy = c.gpu.poisoned(g.y_len())?;
         c.gpu.conv_forward_relu(&g, &gx, &gw, &gb, &mut gy)?;
         let got = c.gpu.download(&gy)?;
-        c.check("conv_forward", &format!("{case}{label} +relu"), &got, &want, tol);
+        c.check(
+            "conv_forward",
+            &format!("{case}{label} +relu"),
+            &got,
+            &want,
+            tol,
+        );
     }
     Ok(())
 }
@@ -413,6 +427,8 @@ fn fc_cases() -> Vec<(&'static str, FcGeom)> {
         ("odd 3x37 -> 29", g(3, 37, 29)),
         ("batch1 1x100 -> 65", g(1, 100, 65)),
         ("odd 67x130 -> 131", g(67, 130, 131)),
+        ("split-K forward 5x1100 -> 70", g(5, 1100, 70)),
+        ("split-K data gradient 3x90 -> 700", g(3, 90, 700)),
         ("alexnet fc6 n4 9216 -> 4096", g(4, 9216, 4096)),
         ("alexnet fc7 n128 4096 -> 4096", g(128, 4096, 4096)),
         ("alexnet fc8 n128 4096 -> 1000", g(128, 4096, 1000)),
@@ -561,7 +577,13 @@ fn lrn_cases() -> Vec<(&'static str, LrnParams)> {
         ("even size 2x6x3x3 size4", p(2, 6, 3, 3, 4)),
         ("size3 2x5x3x7", p(2, 5, 3, 7, 3)),
         ("size1 1x4x2x3", p(1, 4, 2, 3, 1)),
-        ("size7 2x11x3x3 strong alpha", LrnParams { alpha: 0.3, ..p(2, 11, 3, 3, 7) }),
+        (
+            "size7 2x11x3x3 strong alpha",
+            LrnParams {
+                alpha: 0.3,
+                ..p(2, 11, 3, 3, 7)
+            },
+        ),
         (
             "strong alpha 2x9x5x5",
             LrnParams {
@@ -596,44 +618,45 @@ fn lrn_forward(c: &mut Ctx) -> Result<()> {
 }
 
 fn lrn_backward(c: &mut Ctx) -> Result<()> {
-    for (case, p) in lrn_cases() {
-        let (x, dy) = (c.randn(p.len(), 3.0), c.randn(p.len(), 1.0));
-        let (mut y, mut s) = (vec![0.0; p.len()], vec![0.0; p.len()]);
-        c.cpu.lrn_forward(&p, &x, &mut y, &mut s)?;
-        let mut want = vec![0.0; p.len()];
-        c.cpu.lrn_backward(&p, &x, &y, &s, &dy, &mut want)?;
-        let (gx, gy, gs, gdy) = (
-            c.gpu.upload(&x)?,
-            c.gpu.upload(&y)?,
-            c.gpu.upload(&s)?,
-            c.gpu.upload(&dy)?,
-        );
-        let mut gdx = c.gpu.poisoned(p.len())?;
-        c.gpu.lrn_backward(&p, &gx, &gy, &gs, &gdy, &mut gdx)?;
-        let got = c.gpu.download(&gdx)?;
-        c.check("lrn_backward", case, &got, &want, 1e-5);
-    }
-    // With the preceding ReLU's backward fused: x is a ReLU output (about
-    // half zeros), dx must be zero exactly there.
-    for (case, p) in lrn_cases() {
-        let x: Vec<f32> = c.randn(p.len(), 3.0).iter().map(|v| v.max(0.0)).collect();
-        let dy = c.randn(p.len(), 1.0);
-        let (mut y, mut s) = (vec![0.0; p.len()], vec![0.0; p.len()]);
-        c.cpu.lrn_forward(&p, &x, &mut y, &mut s)?;
-        let mut want = vec![0.0; p.len()];
-        c.cpu.lrn_backward_relu(&p, &x, &y, &s, &dy, &mut want)?;
-        let (gx, gy, gs, gdy) = (
-            c.gpu.upload(&x)?,
-            c.gpu.upload(&y)?,
-            c.gpu.upload(&s)?,
-            c.gpu.upload(&dy)?,
-        );
-        let mut gdx = c.gpu.poisoned(p.len())?;
-        c.gpu.lrn_backward_relu(&p, &gx, &gy, &gs, &gdy, &mut gdx)?;
-        let got = c.gpu.download(&gdx)?;
-        c.check("lrn_backward", &format!("{case} +relu"), &got, &want, 1e-5);
-        let leaks = got.iter().zip(&x).filter(|(g, x)| **x <= 0.0 && **g != 0.0).count();
-        c.check("lrn_backward", &format!("{case} +relu mask"), &[leaks as f32], &[0.0], 0.0);
+    // Plain, then with the preceding ReLU's backward fused: there x is a
+    // ReLU output (about half zeros) and dx must be zero exactly there.
+    for relu in [false, true] {
+        for (case, p) in lrn_cases() {
+            let mut x = c.randn(p.len(), 3.0);
+            if relu {
+                x.iter_mut().for_each(|v| *v = v.max(0.0));
+            }
+            let dy = c.randn(p.len(), 1.0);
+            let (mut y, mut s) = (vec![0.0; p.len()], vec![0.0; p.len()]);
+            c.cpu.lrn_forward(&p, &x, &mut y, &mut s)?;
+            let mut want = vec![0.0; p.len()];
+            let (gx, gy, gs, gdy) = (
+                c.gpu.upload(&x)?,
+                c.gpu.upload(&y)?,
+                c.gpu.upload(&s)?,
+                c.gpu.upload(&dy)?,
+            );
+            let mut gdx = c.gpu.poisoned(p.len())?;
+            if relu {
+                c.cpu.lrn_backward_relu(&p, &x, &y, &s, &dy, &mut want)?;
+                c.gpu.lrn_backward_relu(&p, &gx, &gy, &gs, &gdy, &mut gdx)?;
+            } else {
+                c.cpu.lrn_backward(&p, &x, &y, &s, &dy, &mut want)?;
+                c.gpu.lrn_backward(&p, &gx, &gy, &gs, &gdy, &mut gdx)?;
+            }
+            let got = c.gpu.download(&gdx)?;
+            let case = format!("{case}{}", if relu { " +relu" } else { "" });
+            c.check("lrn_backward", &case, &got, &want, 1e-5);
+            if relu {
+                let leaks = got
+                    .iter()
+                    .zip(&x)
+                    .filter(|(g, x)| **x <= 0.0 && **g != 0.0)
+                    .count();
+                let case = format!("{case} mask");
+                c.check("lrn_backward", &case, &[leaks as f32], &[0.0], 0.0);
+            }
+        }
     }
     Ok(())
 }
@@ -654,7 +677,10 @@ fn pool_cases() -> Vec<(&'static str, PoolGeom)> {
         ("gapped 2x2x10x10 2/3", g(2, 2, 10, 10, 2, 3)),
         ("3 windows per row 2x3x7x9 3/1", g(2, 3, 7, 9, 3, 1)),
         ("5/2 1x2x11x12", g(1, 2, 11, 12, 5, 2)),
-        ("planes beyond the grid 1x70000x3x3 2/1", g(1, 70_000, 3, 3, 2, 1)),
+        (
+            "planes beyond the grid 1x70000x3x3 2/1",
+            g(1, 70_000, 3, 3, 2, 1),
+        ),
         ("alexnet pool1 n8 96x55x55", g(8, 96, 55, 55, 3, 2)),
         ("alexnet pool2 n8 256x27x27", g(8, 256, 27, 27, 3, 2)),
         ("alexnet pool5 n8 256x13x13", g(8, 256, 13, 13, 3, 2)),
@@ -679,7 +705,13 @@ fn maxpool_forward(c: &mut Ctx) -> Result<()> {
         let got = c.gpu.download(&gy)?;
         c.check("maxpool_forward", case, &got, &want, 0.0);
         let got = c.gpu.download(&garg)?;
-        c.check("maxpool_forward", &format!("{case} argmax"), &got, &want_arg, 0.0);
+        c.check(
+            "maxpool_forward",
+            &format!("{case} argmax"),
+            &got,
+            &want_arg,
+            0.0,
+        );
     }
     Ok(())
 }

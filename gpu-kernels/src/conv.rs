@@ -16,7 +16,9 @@
 //! shared memory.
 
 use crate::device::{bdim_x, bid_x, bid_z, block_sum, shared, tid_x};
-use crate::gemm::{BK, Epilogue, Operand, SLOT_STRIDE, Strided, gemm_kernels, gemm_tile};
+use crate::gemm::{
+    BK, Epilogue, Operand, SLOT_STRIDE, Strided, gemm_kernels, gemm_tile, split_range,
+};
 
 /// Convolution shape, passed by value to every conv kernel.
 #[repr(C)]
@@ -556,10 +558,7 @@ unsafe fn conv_backward_filter_impl<const MODE: u8, const WIDE: bool>(
     splits: u32,
 ) {
     let (g, slice) = (bid_z() / splits, bid_z() % splits);
-    let k_total = s.n * s.oh * s.ow;
-    let chunk = k_total.div_ceil(splits).div_ceil(BK) * BK;
-    let k_begin = slice * chunk;
-    let k_end = (k_begin + chunk).min(k_total);
+    let (k_begin, k_end) = split_range(s.n * s.oh * s.ow, splits, slice);
     let n_len = s.cg() * s.kk();
     let dw_len = s.c_out as usize * n_len as usize;
     let a = GradRows {

@@ -34,7 +34,7 @@
 //! independent problems (conv groups × split-K slices).
 
 use crate::device::{
-    bid_x, bid_y, cp_async_commit, cp_async_f32, cp_async_wait, fma, ld_shared_v4, mma_bf16,
+    bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_wait, fma, ld_shared_v4, mma_bf16,
     mma_tf32, pack_bf16, shared, shared_addr, sync_threads, tid_x, to_tf32,
 };
 
@@ -409,6 +409,15 @@ macro_rules! gemm_kernels {
 }
 pub(crate) use gemm_kernels;
 
+/// The K range `[begin, end)` of split-K slice `slice` of `splits`: slices of
+/// whole K tiles; trailing slices may be empty (their partials are zeros).
+#[inline(always)]
+pub fn split_range(k_total: u32, splits: u32, slice: u32) -> (u32, u32) {
+    let chunk = k_total.div_ceil(splits).div_ceil(BK) * BK;
+    let begin = slice * chunk;
+    (begin, (begin + chunk).min(k_total))
+}
+
 /// A dense matrix in memory: element `(k, i)` at `p[k·ks + i·is]`.
 #[derive(Clone, Copy)]
 pub struct Strided<const K_FAST: bool> {
@@ -468,8 +477,11 @@ impl Epilogue for StoreStrided {
 /// Fully connected forward, `y[b, o] = Σ_i x[b, i]·w[o, i] + bias[o]`.
 ///
 /// As a GEMM: M = batch, N = outputs, K = inputs; A = x (row-major, k fast),
-/// B(k, n) = w[n, k] (k fast). Grid (⌈outputs/64⌉, ⌈batch/64⌉, 1), 256 threads,
-/// `SHARED_BYTES` of dynamic shared memory.
+/// B(k, n) = w[n, k] (k fast). With `splits` > 1, slice z = block z of K
+/// writes its partial product (no bias) to `y + z·batch·outputs`, and
+/// `splitk_reduce` sums them and adds the bias. Grid (⌈outputs/64⌉,
+/// ⌈batch/BM⌉, splits), 256 threads, `shared_bytes(wide)` of dynamic shared
+/// memory.
 unsafe fn fc_forward_impl<const MODE: u8, const WIDE: bool>(
     x: *const f32,
     w: *const f32,
@@ -478,6 +490,7 @@ unsafe fn fc_forward_impl<const MODE: u8, const WIDE: bool>(
     batch: u32,
     inputs: u32,
     outputs: u32,
+    splits: u32,
 ) {
     let (ni, no) = (inputs as usize, outputs as usize);
     let a = Strided::<true> {
@@ -490,23 +503,26 @@ unsafe fn fc_forward_impl<const MODE: u8, const WIDE: bool>(
         ks: 1,
         is: ni,
     };
+    let z = bid_z();
+    let (k_begin, k_end) = split_range(inputs, splits, z);
     let e = StoreStrided {
-        c: y,
+        c: y.wrapping_add(z as usize * batch as usize * no),
         rs: no,
         cs: 1,
-        bias,
+        bias: if splits > 1 { core::ptr::null() } else { bias },
         bias_by_row: false,
     };
-    unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, batch, outputs, 0, inputs) };
+    unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, batch, outputs, k_begin, k_end) };
 }
 
-gemm_kernels!(fc_forward_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
+gemm_kernels!(fc_forward_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
     fc_forward: FP32, false; fc_forward_tf32: TF32, false; fc_forward_bf16: BF16, false; fc_forward_wide: FP32, true; fc_forward_tf32_wide: TF32, true; fc_forward_bf16_wide: BF16, true);
 
 /// Fully connected data gradient, `dx[b, i] = Σ_o dy[b, o]·w[o, i]`.
 ///
 /// M = batch, N = inputs, K = outputs; A = dy (k fast), B(k, n) = w[k, n]
-/// (n fast). Grid (⌈inputs/64⌉, ⌈batch/64⌉, 1).
+/// (n fast). Split over K like `fc_forward` (partials at
+/// `dx + z·batch·inputs`). Grid (⌈inputs/64⌉, ⌈batch/BM⌉, splits).
 unsafe fn fc_backward_data_impl<const MODE: u8, const WIDE: bool>(
     dy: *const f32,
     w: *const f32,
@@ -514,6 +530,7 @@ unsafe fn fc_backward_data_impl<const MODE: u8, const WIDE: bool>(
     batch: u32,
     inputs: u32,
     outputs: u32,
+    splits: u32,
 ) {
     let (ni, no) = (inputs as usize, outputs as usize);
     let a = Strided::<true> {
@@ -526,17 +543,19 @@ unsafe fn fc_backward_data_impl<const MODE: u8, const WIDE: bool>(
         ks: ni,
         is: 1,
     };
+    let z = bid_z();
+    let (k_begin, k_end) = split_range(outputs, splits, z);
     let e = StoreStrided {
-        c: dx,
+        c: dx.wrapping_add(z as usize * batch as usize * ni),
         rs: ni,
         cs: 1,
         bias: core::ptr::null(),
         bias_by_row: false,
     };
-    unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, batch, inputs, 0, outputs) };
+    unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, batch, inputs, k_begin, k_end) };
 }
 
-gemm_kernels!(fc_backward_data_impl (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
+gemm_kernels!(fc_backward_data_impl (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
     fc_backward_data: FP32, false; fc_backward_data_tf32: TF32, false; fc_backward_data_bf16: BF16, false; fc_backward_data_wide: FP32, true; fc_backward_data_tf32_wide: TF32, true; fc_backward_data_bf16_wide: BF16, true);
 
 /// Fully connected weight gradient, `dw[o, i] = Σ_b dy[b, o]·x[b, i]`.
@@ -596,19 +615,25 @@ pub unsafe extern "ptx-kernel" fn fc_backward_bias(
 }
 
 /// Sums `parts` split-K partial results `ws[p·len + i]` into `out[i]`, in a
-/// fixed order (deterministic). 1-D grid-stride.
+/// fixed order (deterministic), adding `bias[i % cols]` unless `bias` is
+/// null. 1-D grid-stride.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn splitk_reduce(
     ws: *const f32,
     out: *mut f32,
     len: usize,
     parts: u32,
+    bias: *const f32,
+    cols: u32,
 ) {
     let (mut i, step) = crate::device::grid_stride();
     while i < len {
         let mut s = 0.0f32;
         for p in 0..parts as usize {
             s += unsafe { *ws.add(p * len + i) };
+        }
+        if !bias.is_null() {
+            s += unsafe { *bias.add(i % cols as usize) };
         }
         unsafe { *out.add(i) = s };
         i += step;

@@ -120,9 +120,21 @@ pub unsafe extern "ptx-kernel" fn maxpool_backward(
             let r0 = r_hi >= 1 && r_hi - 1 >= r_lo;
             let c0 = c_hi >= 1 && c_hi - 1 >= c_lo;
             let (r1, c1) = (r_hi >= r_lo, c_hi >= c_lo);
-            let t00 = if r0 && c0 { routed(r_hi - 1, c_hi - 1) } else { 0.0 };
-            let t01 = if r0 && c1 { routed(r_hi - 1, c_hi) } else { 0.0 };
-            let t10 = if r1 && c0 { routed(r_hi, c_hi - 1) } else { 0.0 };
+            let t00 = if r0 && c0 {
+                routed(r_hi - 1, c_hi - 1)
+            } else {
+                0.0
+            };
+            let t01 = if r0 && c1 {
+                routed(r_hi - 1, c_hi)
+            } else {
+                0.0
+            };
+            let t10 = if r1 && c0 {
+                routed(r_hi, c_hi - 1)
+            } else {
+                0.0
+            };
             let t11 = if r1 && c1 { routed(r_hi, c_hi) } else { 0.0 };
             acc = t00 + t01 + t10 + t11;
         } else {

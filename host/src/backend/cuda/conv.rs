@@ -70,7 +70,12 @@ pub(super) fn conv_forward(
     check_len("conv_forward w", w, g.w_len())?;
     check_len("conv_forward bias", bias, g.c_out)?;
     check_len("conv_forward y", y, g.y_len())?;
-    let (cfg, wide) = tiles(be, g.c_out / g.groups, g.n * g.out_h() * g.out_w(), g.groups);
+    let (cfg, wide) = tiles(
+        be,
+        g.c_out / g.groups,
+        g.n * g.out_h() * g.out_w(),
+        g.groups,
+    );
     launch!(be, be.gemm_kernel(gemm_names!("conv_forward"), wide), cfg, || format!("{g:?}"); &s, x, w, bias, y)
 }
 
@@ -128,7 +133,7 @@ pub(super) fn conv_backward_filter(
     let len = g.w_len();
     be.with_workspace(len * splits as usize, |ws| {
         launch!(be, be.gemm_kernel(gemm_names!("conv_backward_filter"), wide), cfg, what; &s, x, dy, &mut *ws, &splits)?;
-        launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits)
+        launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits, &0u64, &1u32)
     })
 }
 

@@ -1,9 +1,11 @@
 //! Launchers for the fully connected kernels: `fc_forward`, `fc_backward_data`,
 //! `fc_backward_filter` (64- or 128-row × 64 output tiles of 256 threads, grid
-//! x over the GEMM's N and y over its M; see `gpu-kernels/src/gemm.rs`) and
-//! `fc_backward_bias` (one thread per output).
+//! x over the GEMM's N and y over its M; see `gpu-kernels/src/gemm.rs`), the
+//! first two split over K into grid z when their M = batch leaves the GPU
+//! short of blocks (partials summed by `splitk_reduce`, in a fixed order),
+//! and `fc_backward_bias` (one thread per output).
 
-use super::{CudaBackend, check_len, gemm_names, launch};
+use super::{CudaBackend, check_len, gemm_names, grid_1d, launch};
 use crate::backend::FcGeom;
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, LaunchConfig};
@@ -53,7 +55,28 @@ pub(super) fn fc_forward(
     check_len("fc_forward y", y, g.n * g.outputs)?;
     let (n, i, o) = dims(g);
     let (cfg, wide) = tiles(be, g.n, g.outputs, 1);
-    launch!(be, be.gemm_kernel(gemm_names!("fc_forward"), wide), cfg, || format!("{g:?}"); x, w, b, y, &n, &i, &o)
+    let splits = fc_splits(be, &cfg, g.inputs);
+    let name = be.gemm_kernel(gemm_names!("fc_forward"), wide);
+    let what = || format!("{g:?} splits={splits}");
+    if splits == 1 {
+        return launch!(be, name, cfg, what; x, w, b, y, &n, &i, &o, &splits);
+    }
+    let len = g.n * g.outputs;
+    let cfg = grid(g.n, g.outputs, splits as usize, wide);
+    be.with_workspace(len * splits as usize, |ws| {
+        launch!(be, name, cfg, what; x, w, b, &mut *ws, &n, &i, &o, &splits)?;
+        launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *y, &len, &splits, b, &o)
+    })
+}
+
+/// How many K slices an fc product with launch `cfg` (one slice) and depth
+/// `k` uses: enough blocks for ~2 per SM, each slice at least 256 deep.
+/// M = batch leaves the forward and data-gradient products with few blocks
+/// (AlexNet's fc8 forward: 32 at batch 128).
+fn fc_splits(be: &CudaBackend, cfg: &LaunchConfig, k: usize) -> u32 {
+    let blocks = (cfg.grid_dim.0 * cfg.grid_dim.1 * cfg.grid_dim.2) as usize;
+    let want = (2 * be.sm_count() as usize).div_ceil(blocks);
+    want.min(k / 256).clamp(1, 16) as u32
 }
 
 pub(super) fn fc_backward_data(
@@ -68,7 +91,18 @@ pub(super) fn fc_backward_data(
     check_len("fc_backward_data dx", dx, g.n * g.inputs)?;
     let (n, i, o) = dims(g);
     let (cfg, wide) = tiles(be, g.n, g.inputs, 1);
-    launch!(be, be.gemm_kernel(gemm_names!("fc_backward_data"), wide), cfg, || format!("{g:?}"); dy, w, dx, &n, &i, &o)
+    let splits = fc_splits(be, &cfg, g.outputs);
+    let name = be.gemm_kernel(gemm_names!("fc_backward_data"), wide);
+    let what = || format!("{g:?} splits={splits}");
+    if splits == 1 {
+        return launch!(be, name, cfg, what; dy, w, dx, &n, &i, &o, &splits);
+    }
+    let len = g.n * g.inputs;
+    let cfg = grid(g.n, g.inputs, splits as usize, wide);
+    be.with_workspace(len * splits as usize, |ws| {
+        launch!(be, name, cfg, what; dy, w, &mut *ws, &n, &i, &o, &splits)?;
+        launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dx, &len, &splits, &0u64, &1u32)
+    })
 }
 
 pub(super) fn fc_backward_filter(

@@ -28,6 +28,7 @@ pub(super) fn lrn_forward(
         x, y, scale, &n, &c, &hw, &size, &p.alpha, &p.beta, &p.k)
 }
 
+#[allow(clippy::too_many_arguments)] // the kernel's tensors, plus the ReLU flag
 pub(super) fn lrn_backward(
     be: &CudaBackend,
     p: &LrnParams,

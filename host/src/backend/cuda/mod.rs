@@ -289,7 +289,8 @@ impl CudaBackend {
         match self.gemm_tiles {
             GemmTiles::Auto => {
                 let no_extra_rows = 2 * m.div_ceil(128) == m.div_ceil(64);
-                let enough = col_blocks.is_none_or(|c| m.div_ceil(128) * c >= 2 * self.sm_count() as usize);
+                let enough =
+                    col_blocks.is_none_or(|c| m.div_ceil(128) * c >= 2 * self.sm_count() as usize);
                 no_extra_rows && enough
             }
             GemmTiles::Narrow => false,
