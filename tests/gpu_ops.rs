@@ -265,29 +265,21 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
 /// Runs a product test in every precision and both GEMM tile heights (64 and
 /// 128 rows), leaving the GPU in fp32 with the automatic tile choice.
 fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
-    for wide in [false, true] {
-        c.wide = wide;
-        c.gpu.set_gemm_tiles(if wide {
-            GemmTiles::Wide
-        } else {
-            GemmTiles::Narrow
-        });
-        for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
-            c.gpu.set_precision(p)?;
-            let result = test(c, p);
-            c.gpu.set_precision(Precision::Fp32)?;
-            c.gpu.set_gemm_tiles(GemmTiles::Auto);
-            result?;
-            c.gpu.set_gemm_tiles(if wide {
-                GemmTiles::Wide
-            } else {
-                GemmTiles::Narrow
-            });
+    let result = (|| {
+        for (wide, tiles) in [(false, GemmTiles::Narrow), (true, GemmTiles::Wide)] {
+            c.wide = wide;
+            c.gpu.set_gemm_tiles(tiles);
+            for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+                c.gpu.set_precision(p)?;
+                test(c, p)?;
+            }
         }
-    }
-    c.gpu.set_gemm_tiles(GemmTiles::Auto);
+        Ok(())
+    })();
     c.wide = false;
-    Ok(())
+    c.gpu.set_gemm_tiles(GemmTiles::Auto);
+    c.gpu.set_precision(Precision::Fp32)?;
+    result
 }
 
 /// Case-name suffix and tolerance of the products in precision `p` and the

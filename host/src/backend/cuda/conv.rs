@@ -8,7 +8,7 @@
 //! `splitk_reduce` adds them in a fixed order, keeping results deterministic.
 
 use super::gemm::{grid, tiles};
-use super::{CudaBackend, GemmTiles, check_len, gemm_names, grid_1d, launch};
+use super::{CudaBackend, check_len, gemm_names, grid_1d, launch};
 use crate::backend::ConvGeom;
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
@@ -90,10 +90,7 @@ pub(super) fn conv_backward_data(
     check_len("conv_backward_data dy", dy, g.y_len())?;
     check_len("conv_backward_data w", w, g.w_len())?;
     check_len("conv_backward_data dx", dx, g.x_len())?;
-    // 64-row tiles unless forced: measured faster on every AlexNet layer (its
-    // gathered B operand gains less from the taller tile than it loses to
-    // the shallower pipeline).
-    let wide = be.gemm_tiles == GemmTiles::Wide;
+    let wide = be.wide_tiles_data_grad();
     let cfg = grid(g.c_in / g.groups, g.n * g.h * g.w, g.groups, wide);
     launch!(be, be.gemm_kernel(gemm_names!("conv_backward_data"), wide), cfg, || format!("{g:?}"); &s, dy, w, dx)
 }

@@ -298,6 +298,14 @@ impl CudaBackend {
         }
     }
 
+    /// Whether a convolution data gradient uses the 128-row tiles: only when
+    /// forced. 64 rows measured faster on every AlexNet layer (its gathered
+    /// B operand gains less from the taller tile than it loses to the
+    /// shallower pipeline).
+    fn wide_tiles_data_grad(&self) -> bool {
+        self.gemm_tiles == GemmTiles::Wide
+    }
+
     /// The variant of a GEMM-engine kernel for the current precision and
     /// tile height, from the names [`gemm_names`] gives.
     fn gemm_kernel(&self, names: [&'static str; 6], wide: bool) -> &'static str {
