@@ -258,6 +258,16 @@ fn main() -> Result<()> {
         |be| be.relu_backward(&act_y, &mut grad),
     )?;
 
+    // NCHW -> NHWC of the channels-last conv path (conv2's input and dy).
+    for (name, c, hw) in [("conv2 x 96x27x27", 96, 27), ("conv2 dy 256x27x27", 256, 27)] {
+        let len = n * c * hw * hw;
+        let src = rand_buf(&b.be, len, 250)?;
+        let mut dst = b.be.zeros(len)?;
+        b.run("transpose", name, 0.0, 8.0 * len as f64, |be| {
+            be.transpose(&src, &mut dst, n, c, hw * hw)
+        })?;
+    }
+
     for (name, c, hw) in [("lrn1 96x55x55", 96, 55), ("lrn2 256x27x27", 256, 27)] {
         let p = LrnParams {
             n,

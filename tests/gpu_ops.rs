@@ -34,6 +34,9 @@ struct Ctx {
     failures: Vec<String>,
     /// The GEMM engine's tile height forced for the product tests.
     wide: bool,
+    /// Whether the channels-last convolution path is on (conv tests run
+    /// with it on and off).
+    nhwc: bool,
 }
 
 impl Ctx {
@@ -115,6 +118,7 @@ const TESTS: &[(&str, Test)] = &[
     ("conv_backward_data", conv_backward_data),
     ("conv_backward_filter", conv_backward_filter),
     ("conv_backward_bias", conv_backward_bias),
+    ("transpose", transpose),
     ("fc_forward", fc_forward),
     ("fc_backward_data", fc_backward_data),
     ("fc_backward_filter", fc_backward_filter),
@@ -178,6 +182,7 @@ fn main() {
         checks: 0,
         failures: vec![],
         wide: false,
+        nhwc: true,
     };
     let mut errors = 0;
     if small_only() {
@@ -240,6 +245,18 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
             g(2, 4, 7, 12, 70, 2, 1, 1, 1),
         ),
         (
+            "nhwc fwd+filter 3x32x9x7 -> 24 k3 s1 p1 g2",
+            g(3, 32, 9, 7, 24, 3, 1, 1, 2),
+        ),
+        (
+            "nhwc all 2x64x11x10 -> 64 k5 s2 p2 g2",
+            g(2, 64, 11, 10, 64, 5, 2, 2, 2),
+        ),
+        (
+            "nhwc batch1 1x16x5x5 -> 16 k3 s1 p0",
+            g(1, 16, 5, 5, 16, 3, 1, 0, 1),
+        ),
+        (
             "alexnet conv1 n2 3x224 -> 96 k11 s4 p2",
             g(2, 3, 224, 224, 96, 11, 4, 2, 1),
         ),
@@ -282,19 +299,38 @@ fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> R
     result
 }
 
+/// `each_precision` with the channels-last convolution path on, then off
+/// (TF32/bf16 products with suitable channel counts take it; see
+/// `host/src/backend/cuda/conv.rs`).
+fn each_precision_layout(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
+    let mut result = Ok(());
+    for nhwc in [true, false] {
+        c.nhwc = nhwc;
+        c.gpu.set_conv_nhwc(nhwc);
+        result = each_precision(c, test);
+        if result.is_err() {
+            break;
+        }
+    }
+    c.nhwc = true;
+    c.gpu.set_conv_nhwc(true);
+    result
+}
+
 /// Case-name suffix and tolerance of the products in precision `p` and the
-/// current tile height (see the module docs).
+/// current tile height and conv layout (see the module docs).
 fn label_tol(c: &Ctx, p: Precision) -> (String, f64) {
     let (name, tol) = match p {
         Precision::Fp32 => ("", 1e-5),
         Precision::Tf32 => (" tf32", 1e-3),
         Precision::Bf16 => (" bf16", 1e-2),
     };
-    (format!("{name}{}", if c.wide { " wide" } else { "" }), tol)
+    let layout = if c.nhwc || p == Precision::Fp32 { "" } else { " nchw" };
+    (format!("{name}{}{layout}", if c.wide { " wide" } else { "" }), tol)
 }
 
 fn conv_forward(c: &mut Ctx) -> Result<()> {
-    each_precision(c, conv_forward_in)
+    each_precision_layout(c, conv_forward_in)
 }
 
 fn conv_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
@@ -330,7 +366,7 @@ fn conv_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
 }
 
 fn conv_backward_data(c: &mut Ctx) -> Result<()> {
-    each_precision(c, conv_backward_data_in)
+    each_precision_layout(c, conv_backward_data_in)
 }
 
 fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
@@ -355,7 +391,7 @@ fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
 }
 
 fn conv_backward_filter(c: &mut Ctx) -> Result<()> {
-    each_precision(c, conv_backward_filter_in)
+    each_precision_layout(c, conv_backward_filter_in)
 }
 
 fn conv_backward_filter_in(c: &mut Ctx, p: Precision) -> Result<()> {
@@ -377,7 +413,11 @@ fn conv_backward_filter_in(c: &mut Ctx, p: Precision) -> Result<()> {
         );
     }
     // Large enough batch for the split-K path (AlexNet conv3 at batch 16).
-    let g = all_conv_cases()[6].1;
+    let g = all_conv_cases()
+        .into_iter()
+        .find(|(name, _)| name.starts_with("alexnet conv3"))
+        .unwrap()
+        .1;
     let g = ConvGeom {
         n: if small_only() { 5 } else { 16 },
         ..g
@@ -409,6 +449,39 @@ fn conv_backward_bias(c: &mut Ctx) -> Result<()> {
         c.gpu.conv_backward_bias(&g, &gdy, &mut gdb)?;
         let got = c.gpu.download(&gdb)?;
         c.check("conv_backward_bias", case, &got, &want, 1e-5);
+    }
+    Ok(())
+}
+
+/// `transpose` against its CPU twin, on a destination poisoned first and
+/// longer than needed (the tail must stay untouched).
+fn transpose(c: &mut Ctx) -> Result<()> {
+    let cases: Vec<(&'static str, (usize, usize, usize))> = keep(vec![
+        ("odd 3x37x29", (3, 37, 29)),
+        ("single 1x1x1", (1, 1, 1)),
+        ("tall 2x100x5", (2, 100, 5)),
+        ("alexnet conv2 x n2 96x729", (2, 96, 729)),
+    ]);
+    for (case, (b, r, cols)) in cases {
+        let src = c.randn(b * r * cols, 1.0);
+        let want = host::backend::cpu::layout::transpose(&src, b, r, cols);
+        let gsrc = c.gpu.upload(&src)?;
+        let mut gdst = c.gpu.poisoned(want.len() + 33)?;
+        let before = c.gpu.download(&gdst)?;
+        c.gpu.transpose(&gsrc, &mut gdst, b, r, cols)?;
+        let got = c.gpu.download(&gdst)?;
+        c.check("transpose", case, &got[..want.len()], &want, 0.0);
+        let tail_kept = got[want.len()..]
+            .iter()
+            .zip(&before[want.len()..])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        c.check(
+            "transpose",
+            &format!("{case} tail untouched"),
+            &[tail_kept as u8 as f32],
+            &[1.0],
+            0.0,
+        );
     }
     Ok(())
 }

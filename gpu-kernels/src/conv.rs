@@ -17,7 +17,8 @@
 
 use crate::device::{bdim_x, bid_x, bid_z, block_sum, shared, tid_x};
 use crate::gemm::{
-    BK, Epilogue, Operand, SLOT_STRIDE, Strided, gemm_kernels, gemm_tile, split_range,
+    BK, Epilogue, Operand, SLOT_STRIDE, Strided, VSLOT_STRIDE, VStrided, VecOperand, gemm_kernels,
+    gemm_tile, gemm_tile_v, split_range,
 };
 
 /// Convolution shape, passed by value to every conv kernel.
@@ -607,3 +608,358 @@ pub unsafe extern "ptx-kernel" fn conv_backward_bias(
         unsafe { *db.add(c) = total };
     }
 }
+
+// ---------------------------------------------------------------------------
+// Channels-last products on the vector engine (`gemm::gemm_tile_v`, TF32 and
+// bf16). The launcher transposes x and dy to NHWC (`layout::transpose`) and
+// the filter bank to the k order each product reads, so that 16 consecutive
+// k of a gathered patch are 16 consecutive channels at one tap: four 16-byte
+// copies. Results are written in the usual NCHW / OIHW layouts.
+// - forward: k = (kh, kw, c), A = w as [F][KH][KW][Cg]; needs Cg % 16 = 0.
+// - data:    k = (kh, kw, f), A = w as [G][Cg][KH][KW][Fg]; needs Fg % 16 = 0.
+// - filter:  k = (n, oh, ow), N index (kh, kw, c); A = dy (NHWC), B = x
+//   (NHWC) both copied along their channels; needs Cg % 4 = Fg % 4 = 0.
+// ---------------------------------------------------------------------------
+
+/// x (NHWC) gathered as B((kh,kw,c), (n,oh,ow)) for one group, K-major.
+struct NhwcPatches {
+    x: *const f32,
+    s: ConvShape,
+    g: u32,
+}
+
+/// An `NhwcPatches` cursor: the shared tap (kh, kw) and channel c (as `tap` =
+/// (kh·W + kw)·C + c) and per slot j the window origin `(ih0, iw0)` and the
+/// offset of that pixel's group channels (wrapping: it may lie outside x).
+#[derive(Clone, Copy)]
+struct NhwcPatchCursor {
+    pix: [usize; 2],
+    ih0: [i32; 2],
+    iw0: [i32; 2],
+    kh: u32,
+    kw: u32,
+    c: u32,
+    tap: usize,
+}
+
+impl NhwcPatches {
+    #[inline(always)]
+    fn tap(&self, kh: u32, kw: u32, c: u32) -> usize {
+        (kh * self.s.w + kw) as usize * self.s.c_in as usize + c as usize
+    }
+}
+
+impl VecOperand for NhwcPatches {
+    const K_MAJOR: bool = true;
+    type Cursor = NhwcPatchCursor;
+    #[inline(always)]
+    fn open(&self, k: u32, n0: u32) -> NhwcPatchCursor {
+        let s = &self.s;
+        let (r, c) = (k / s.cg(), k % s.cg());
+        let (kh, kw) = (r / s.kw, r % s.kw);
+        let mut cur = NhwcPatchCursor {
+            pix: [0; 2],
+            ih0: [0; 2],
+            iw0: [0; 2],
+            kh,
+            kw,
+            c,
+            tap: self.tap(kh, kw, c),
+        };
+        for j in 0..2 {
+            let n = n0 + VSLOT_STRIDE * j as u32;
+            let (img, p) = (n / (s.oh * s.ow), n % (s.oh * s.ow));
+            let ih0 = ((p / s.ow) * s.stride) as i32 - s.pad as i32;
+            let iw0 = ((p % s.ow) * s.stride) as i32 - s.pad as i32;
+            cur.ih0[j] = ih0;
+            cur.iw0[j] = iw0;
+            let within = (img as isize * s.h as isize + ih0 as isize) * s.w as isize + iw0 as isize;
+            cur.pix[j] = ((within * s.c_in as isize) as usize).wrapping_add((self.g * s.cg()) as usize);
+        }
+        cur
+    }
+    #[inline(always)]
+    fn src(&self, c: &NhwcPatchCursor, j: usize) -> Option<*const f32> {
+        let (ih, iw) = (c.ih0[j] + c.kh as i32, c.iw0[j] + c.kw as i32);
+        if (ih as u32) < self.s.h && (iw as u32) < self.s.w {
+            Some(self.x.wrapping_add(c.pix[j].wrapping_add(c.tap)))
+        } else {
+            None
+        }
+    }
+    #[inline(always)]
+    fn step(&self, c: &mut NhwcPatchCursor) {
+        // Cg is a multiple of BK: the channel wraps at most once per step.
+        c.c += BK;
+        if c.c >= self.s.cg() {
+            c.c -= self.s.cg();
+            c.kw += 1;
+            if c.kw == self.s.kw {
+                c.kw = 0;
+                c.kh += 1;
+            }
+        }
+        c.tap = self.tap(c.kh, c.kw, c.c);
+    }
+    #[inline(always)]
+    fn base(&self) -> *const f32 {
+        self.x
+    }
+}
+
+/// Convolution forward from NHWC x and `[F][KH][KW][Cg]` weights `wt`;
+/// writes y (NCHW) like `conv_forward`. Grid (⌈N·OH·OW/64⌉, ⌈Fg/BM⌉, G),
+/// `gemm::vshared_bytes(wide)` of dynamic shared memory.
+unsafe fn conv_forward_nhwc_impl<const MODE: u8, const WIDE: bool>(
+    s: ConvShape,
+    x: *const f32,
+    wt: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+) {
+    let g = bid_z();
+    let k_len = s.cg() * s.kk();
+    let a = VStrided::<true> {
+        p: wt.wrapping_add((g * s.fg() * k_len) as usize),
+        ks: 1,
+        is: k_len as usize,
+    };
+    let b = NhwcPatches { x, s, g };
+    let e = StoreOutput { y, bias, s, g };
+    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE>(&a, &b, &e, s.fg(), s.n * s.oh * s.ow, 0, k_len) };
+}
+
+gemm_kernels!(conv_forward_nhwc_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
+    conv_forward_nhwc_tf32: TF32, false; conv_forward_nhwc_bf16: BF16, false; conv_forward_nhwc_tf32_wide: TF32, true; conv_forward_nhwc_bf16_wide: BF16, true);
+
+/// dy (NHWC) gathered as B((kh,kw,f), (n,ih,iw)) for one group, K-major.
+struct NhwcGradPatches {
+    dy: *const f32,
+    s: ConvShape,
+    g: u32,
+}
+
+/// An `NhwcGradPatches` cursor: the shared tap and filter f, and per slot j
+/// the offset of its image's group channels in dy and `(ih+p, iw+p)`.
+#[derive(Clone, Copy)]
+struct NhwcGradCursor {
+    img: [usize; 2],
+    th0: [i32; 2],
+    tw0: [i32; 2],
+    kh: u32,
+    kw: u32,
+    f: u32,
+}
+
+impl VecOperand for NhwcGradPatches {
+    const K_MAJOR: bool = true;
+    type Cursor = NhwcGradCursor;
+    #[inline(always)]
+    fn open(&self, k: u32, n0: u32) -> NhwcGradCursor {
+        let s = &self.s;
+        let (r, f) = (k / s.fg(), k % s.fg());
+        let mut cur = NhwcGradCursor {
+            img: [0; 2],
+            th0: [0; 2],
+            tw0: [0; 2],
+            kh: r / s.kw,
+            kw: r % s.kw,
+            f,
+        };
+        for j in 0..2 {
+            let n = n0 + VSLOT_STRIDE * j as u32;
+            let (img, p) = (n / (s.h * s.w), n % (s.h * s.w));
+            cur.img[j] = img as usize * (s.oh * s.ow * s.c_out) as usize + (self.g * s.fg()) as usize;
+            cur.th0[j] = (p / s.w + s.pad) as i32;
+            cur.tw0[j] = (p % s.w + s.pad) as i32;
+        }
+        cur
+    }
+    #[inline(always)]
+    fn src(&self, c: &NhwcGradCursor, j: usize) -> Option<*const f32> {
+        let s = &self.s;
+        let th = c.th0[j] - c.kh as i32;
+        let tw = c.tw0[j] - c.kw as i32;
+        let (oh, ow) = if s.stride == 1 {
+            (th as u32, tw as u32)
+        } else {
+            if th < 0 || tw < 0 {
+                return None;
+            }
+            let (th, tw) = (th as u32, tw as u32);
+            if th % s.stride != 0 || tw % s.stride != 0 {
+                return None;
+            }
+            (th / s.stride, tw / s.stride)
+        };
+        // A negative th or tw wraps to a huge unsigned value: out of range.
+        if oh >= s.oh || ow >= s.ow {
+            return None;
+        }
+        let at = (oh * s.ow + ow) as usize * s.c_out as usize + c.f as usize;
+        Some(self.dy.wrapping_add(c.img[j] + at))
+    }
+    #[inline(always)]
+    fn step(&self, c: &mut NhwcGradCursor) {
+        c.f += BK;
+        if c.f >= self.s.fg() {
+            c.f -= self.s.fg();
+            c.kw += 1;
+            if c.kw == self.s.kw {
+                c.kw = 0;
+                c.kh += 1;
+            }
+        }
+    }
+    #[inline(always)]
+    fn base(&self) -> *const f32 {
+        self.dy
+    }
+}
+
+/// Convolution data gradient from NHWC dy and `[G][Cg][KH][KW][Fg]` weights
+/// `wt`; writes dx (NCHW) like `conv_backward_data`. Grid (⌈N·H·W/64⌉,
+/// ⌈Cg/BM⌉, G), `gemm::vshared_bytes(wide)` of dynamic shared memory.
+unsafe fn conv_backward_data_nhwc_impl<const MODE: u8, const WIDE: bool>(
+    s: ConvShape,
+    dy: *const f32,
+    wt: *const f32,
+    dx: *mut f32,
+) {
+    let g = bid_z();
+    let k_len = s.fg() * s.kk();
+    let a = VStrided::<true> {
+        p: wt.wrapping_add((g * s.cg() * k_len) as usize),
+        ks: 1,
+        is: k_len as usize,
+    };
+    let b = NhwcGradPatches { dy, s, g };
+    let e = StoreInputGrad { dx, s, g };
+    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE>(&a, &b, &e, s.cg(), s.n * s.h * s.w, 0, k_len) };
+}
+
+gemm_kernels!(conv_backward_data_nhwc_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32) =>
+    conv_backward_data_nhwc_tf32: TF32, false; conv_backward_data_nhwc_bf16: BF16, false; conv_backward_data_nhwc_tf32_wide: TF32, true; conv_backward_data_nhwc_bf16_wide: BF16, true);
+
+/// x (NHWC) gathered as B((n,oh,ow), (kh,kw,c)) for one group, copied along
+/// c (four channels of one tap per vector).
+struct NhwcPatchesT {
+    x: *const f32,
+    s: ConvShape,
+    g: u32,
+    step: Step,
+}
+
+/// An `NhwcPatchesT` cursor: the shared output position (image offset
+/// `img_off`, oh, ow) and per slot j its channel offset and tap offset
+/// `(kh−p, kw−p)`.
+#[derive(Clone, Copy)]
+struct NhwcPositionCursor {
+    img_off: usize,
+    oh: u32,
+    ow: u32,
+    chan: [usize; 2],
+    dh: [i32; 2],
+    dw: [i32; 2],
+}
+
+impl VecOperand for NhwcPatchesT {
+    const K_MAJOR: bool = false;
+    type Cursor = NhwcPositionCursor;
+    #[inline(always)]
+    fn open(&self, k: u32, n0: u32) -> NhwcPositionCursor {
+        let s = &self.s;
+        let ohw = s.oh * s.ow;
+        let (img, p) = (k / ohw, k % ohw);
+        let mut cur = NhwcPositionCursor {
+            img_off: img as usize * (s.h * s.w * s.c_in) as usize,
+            oh: p / s.ow,
+            ow: p % s.ow,
+            chan: [0; 2],
+            dh: [0; 2],
+            dw: [0; 2],
+        };
+        for j in 0..2 {
+            let n = n0 + VSLOT_STRIDE * j as u32;
+            let (r, c) = (n / s.cg(), n % s.cg());
+            cur.chan[j] = (self.g * s.cg() + c) as usize;
+            cur.dh[j] = (r / s.kw) as i32 - s.pad as i32;
+            cur.dw[j] = (r % s.kw) as i32 - s.pad as i32;
+        }
+        cur
+    }
+    #[inline(always)]
+    fn src(&self, c: &NhwcPositionCursor, j: usize) -> Option<*const f32> {
+        let s = &self.s;
+        let ih = (c.oh * s.stride) as i32 + c.dh[j];
+        let iw = (c.ow * s.stride) as i32 + c.dw[j];
+        if (ih as u32) < s.h && (iw as u32) < s.w {
+            let at = (ih as usize * s.w as usize + iw as usize) * s.c_in as usize;
+            Some(self.x.wrapping_add(c.img_off + at + c.chan[j]))
+        } else {
+            None
+        }
+    }
+    #[inline(always)]
+    fn step(&self, c: &mut NhwcPositionCursor) {
+        let s = &self.s;
+        let images = self.step.advance(&mut c.oh, &mut c.ow, s.oh, s.ow);
+        c.img_off += images as usize * (s.c_in * s.h * s.w) as usize;
+    }
+    #[inline(always)]
+    fn base(&self) -> *const f32 {
+        self.x
+    }
+}
+
+/// Stores a split-K partial of dw, whose GEMM column is `(kh·KW + kw)·Cg +
+/// c`, at `ws[slice·len(dw) + idx(dw)]` with dw in `[F][Cg][KH][KW]`.
+struct StoreFilterGradNhwc {
+    ws: *mut f32,
+    offset: usize,
+    s: ConvShape,
+}
+
+impl Epilogue for StoreFilterGradNhwc {
+    #[inline(always)]
+    unsafe fn store(&self, m: u32, n: u32, acc: f32) {
+        let s = &self.s;
+        let (r, c) = (n / s.cg(), n % s.cg());
+        let idx = self.offset + (m * s.cg() + c) as usize * s.kk() as usize + r as usize;
+        unsafe { *self.ws.add(idx) = acc };
+    }
+}
+
+/// Convolution weight gradient from NHWC x and dy, one split-K slice per z;
+/// writes dw (or its partials in `ws`) like `conv_backward_filter`. Grid
+/// (⌈Cg·KH·KW/64⌉, ⌈Fg/BM⌉, G·splits), `gemm::vshared_bytes(wide)` of
+/// dynamic shared memory.
+unsafe fn conv_backward_filter_nhwc_impl<const MODE: u8, const WIDE: bool>(
+    s: ConvShape,
+    x: *const f32,
+    dy: *const f32,
+    ws: *mut f32,
+    splits: u32,
+) {
+    let (g, slice) = (bid_z() / splits, bid_z() % splits);
+    let (k_begin, k_end) = split_range(s.n * s.oh * s.ow, splits, slice);
+    let n_len = s.cg() * s.kk();
+    let dw_len = s.c_out as usize * n_len as usize;
+    let a = VStrided::<false> {
+        p: dy.wrapping_add((g * s.fg()) as usize),
+        ks: s.c_out as usize,
+        is: 1,
+    };
+    let b = NhwcPatchesT {
+        x,
+        s,
+        g,
+        step: Step::new(s.oh, s.ow),
+    };
+    let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
+    let e = StoreFilterGradNhwc { ws, offset, s };
+    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE>(&a, &b, &e, s.fg(), n_len, k_begin, k_end) };
+}
+
+gemm_kernels!(conv_backward_filter_nhwc_impl (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
+    conv_backward_filter_nhwc_tf32: TF32, false; conv_backward_filter_nhwc_bf16: BF16, false; conv_backward_filter_nhwc_tf32_wide: TF32, true; conv_backward_filter_nhwc_bf16_wide: BF16, true);

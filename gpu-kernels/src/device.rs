@@ -188,7 +188,7 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
 #[inline(always)]
 pub fn to_tf32(x: f32) -> u32 {
     let y: u32;
-    unsafe { asm!("cvt.rna.tf32.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x) };
+    unsafe { asm!("cvt.rna.tf32.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack)) };
     y
 }
 
@@ -224,7 +224,7 @@ pub fn mma_tf32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
 pub fn pack_bf16(lo: f32, hi: f32) -> u32 {
     let y: u32;
     unsafe {
-        asm!("cvt.rn.bf16x2.f32 {y}, {hi}, {lo};", y = out(reg32) y, hi = in(reg32) hi, lo = in(reg32) lo)
+        asm!("cvt.rn.bf16x2.f32 {y}, {hi}, {lo};", y = out(reg32) y, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack))
     };
     y
 }
@@ -324,4 +324,47 @@ pub fn cp_async_commit() {
 #[inline(always)]
 pub fn cp_async_wait<const N: u32>() {
     unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack, preserves_flags)) };
+}
+
+/// Starts an asynchronous copy of 16 bytes (four floats) from global memory
+/// to shared window address `dst` (`cp.async.cg`, bypassing L1), or of four
+/// zeros when `src` is `None` (source size 0; `dummy` is never read). Both
+/// addresses must be 16-byte aligned.
+#[inline(always)]
+pub unsafe fn cp_async_v4(dst: u32, src: Option<*const f32>, dummy: *const f32) {
+    let (p, n) = match src {
+        Some(p) => (p, 16u32),
+        None => (dummy, 0u32),
+    };
+    unsafe {
+        asm!(
+            "cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
+            d = in(reg32) dst,
+            s = in(reg64) p,
+            n = in(reg32) n,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
+/// Four 8×8 matrices of 16-bit elements from shared memory in one warp-wide
+/// `ldmatrix.sync.aligned.m8n8.x4.shared.b16`: lanes `8i..8i+7` give the
+/// window addresses of matrix i's eight 16-byte rows; lane l receives, from
+/// each matrix, the 32-bit word `l % 4` of row `l / 4`. With rows of four
+/// fp32 that is element `(l / 4, l % 4)`: the layout of a TF32 `mma` fragment.
+#[inline(always)]
+pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!(
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{a},{b},{c},{d}}}, [{addr}];",
+            addr = in(reg32) addr,
+            a = out(reg32) a,
+            b = out(reg32) b,
+            c = out(reg32) c,
+            d = out(reg32) d,
+            options(readonly, nostack, preserves_flags),
+        )
+    };
+    [a, b, c, d]
 }

@@ -34,9 +34,11 @@
 //! independent problems (conv groups × split-K slices).
 
 use crate::device::{
-    bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_wait, fma, ld_shared_v4, mma_bf16,
-    mma_tf32, pack_bf16, shared, shared_addr, sync_threads, tid_x, to_tf32,
+    bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
+    ld_shared_v4, ldmatrix_x4, mma_bf16, mma_tf32, pack_bf16, shared, shared_addr, sync_threads,
+    tid_x, to_tf32,
 };
+use core::arch::asm;
 
 /// `MODE` of [`gemm_tile`]: fp32 FMAs on the CUDA cores.
 pub const FP32: u8 = 0;
@@ -637,5 +639,290 @@ pub unsafe extern "ptx-kernel" fn splitk_reduce(
         }
         unsafe { *out.add(i) = s };
         i += step;
+    }
+}
+
+/// Rows of a K-major shared tile, in floats: 16 k plus 4 of padding (80
+/// bytes, so the eight 16-byte rows of an `ldmatrix` phase hit 32 banks).
+const VK_STRIDE: u32 = BK + 4;
+/// Rows/columns of a tile that one copy slot of the vector engine covers.
+pub const VSLOT_STRIDE: u32 = 64;
+/// Floats of one stage of the vector engine: an A tile of `bm(wide)` rows and
+/// a B tile of 64, each sized for the K-major layout (the larger one).
+const fn vstage_floats(wide: bool) -> u32 {
+    (bm(wide) + BN) * VK_STRIDE
+}
+/// Shared-memory K tiles in the vector engine's pipeline.
+pub const fn vstages(wide: bool) -> u32 {
+    if wide { 3 } else { 4 }
+}
+/// Dynamic shared memory of the vector engine, in bytes (under 48 KiB).
+pub const fn vshared_bytes(wide: bool) -> u32 {
+    vstages(wide) * vstage_floats(wide) * 4
+}
+
+/// An operand of the vector engine ([`gemm_tile_v`]), copied four floats (16
+/// bytes, aligned) at a time. `K_MAJOR`: the four run along k, and the
+/// shared tile is `[row][k]` (rows of `VK_STRIDE` floats, read with
+/// `ldmatrix`); otherwise they run along rows of A / columns of B and the tile
+/// is `[k][row]` (rows of BM + 4 or 68 floats, read element by element). A
+/// thread's vectors share one k and sit at rows/columns `i0 + 64·j`; as in
+/// [`Operand`], one cursor per thread is opened once and stepped `BK` along k.
+pub trait VecOperand {
+    const K_MAJOR: bool;
+    type Cursor: Copy;
+    /// A cursor at `k` for rows/columns `i0 + 64·j`; no memory is touched.
+    fn open(&self, k: u32, i0: u32) -> Self::Cursor;
+    /// Address of vector j under the cursor, `None` where it is zero; called
+    /// only for vectors inside the operand.
+    fn src(&self, c: &Self::Cursor, j: usize) -> Option<*const f32>;
+    fn step(&self, c: &mut Self::Cursor);
+    fn base(&self) -> *const f32;
+}
+
+/// The vector engine: the same `bm(WIDE)`×64 tile, warps, accumulators and
+/// epilogue as [`gemm_tile`] (TF32 or BF16 only), with operands copied in
+/// 16-byte `cp.async` vectors, 1 or 2 per thread per tile. The launcher
+/// guarantees whole vectors: `k_end − k_begin` a multiple of 4 for a K-major
+/// operand, `m_total` / `n_total` multiples of 4 for the others.
+///
+/// Fragments of a K-major tile come from `ldmatrix`: one `x4` gives a TF32
+/// A fragment (16 rows × 8 k) or a B fragment pair (8 columns × 16 k). For
+/// bf16, k is permuted inside each 16-deep tile, the same way for A and B
+/// (so the products are unchanged): the register the `mma` reads as k
+/// `(2t, 2t+1)` holds k `(t, t+4)` and `(2t+8, 2t+9)` holds `(t+8, t+12)`,
+/// which is what four 4-wide `ldmatrix` columns deliver.
+#[inline(always)]
+pub unsafe fn gemm_tile_v<A: VecOperand, B: VecOperand, E: Epilogue, const MODE: u8, const WIDE: bool>(
+    a: &A,
+    b: &B,
+    e: &E,
+    m_total: u32,
+    n_total: u32,
+    k_begin: u32,
+    k_end: u32,
+) {
+    let tid = tid_x();
+    let m0 = bid_y() * bm(WIDE);
+    let n0 = bid_x() * BN;
+    let smem_addr = shared_addr(shared::<f32>());
+    let stage_bytes = vstage_floats(WIDE) * 4;
+    let b_off = bm(WIDE) * VK_STRIDE * 4;
+    let n_stages = vstages(WIDE);
+
+    // Thread placement: K-major, k = 4·(tid % 4), row tid / 4 (+64·j);
+    // otherwise k = tid / 16, rows 4·(tid % 16) (+64·j). Returns (k, row,
+    // byte offset in the tile).
+    let place = |k_major: bool, rows: u32| -> (u32, u32, u32) {
+        if k_major {
+            let (k, r) = (4 * (tid % 4), tid / 4);
+            (k, r, (r * VK_STRIDE + k) * 4)
+        } else {
+            let (k, r) = (tid / 16, 4 * (tid % 16));
+            (k, r, (k * (rows + PAD) + r) * 4)
+        }
+    };
+    let (a_k, a_i, a_dst) = place(A::K_MAJOR, bm(WIDE));
+    let (b_k, b_i, b_dst) = place(B::K_MAJOR, BN);
+    // Byte step of slot j in the tile.
+    let slot_bytes = |k_major: bool| if k_major { VSLOT_STRIDE * VK_STRIDE * 4 } else { VSLOT_STRIDE * 4 };
+    let (a_slot, b_slot) = (slot_bytes(A::K_MAJOR), slot_bytes(B::K_MAJOR));
+    let mut ca = a.open(k_begin + a_k, m0 + a_i);
+    let mut cb = b.open(k_begin + b_k, n0 + b_i);
+    let (a_dummy, b_dummy) = (a.base(), b.base());
+    let a_slots = bm(WIDE) / VSLOT_STRIDE;
+
+    let mut issue = |stage: u32, k0: u32| {
+        let base = smem_addr + stage * stage_bytes;
+        let a_in = k0 + a_k < k_end;
+        let b_in = k0 + b_k < k_end;
+        for j in 0..2u32 {
+            if j < a_slots {
+                let src = if a_in && m0 + a_i + VSLOT_STRIDE * j < m_total {
+                    a.src(&ca, j as usize)
+                } else {
+                    None
+                };
+                unsafe { cp_async_v4(base + a_dst + a_slot * j, src, a_dummy) };
+            }
+        }
+        let src = if b_in && n0 + b_i < n_total {
+            b.src(&cb, 0)
+        } else {
+            None
+        };
+        unsafe { cp_async_v4(base + b_off + b_dst, src, b_dummy) };
+        a.step(&mut ca);
+        b.step(&mut cb);
+    };
+
+    let tiles = if k_end > k_begin {
+        (k_end - k_begin).div_ceil(BK)
+    } else {
+        0
+    };
+    let next_stage = |s: u32| if s + 1 == n_stages { 0 } else { s + 1 };
+    let mut write = 0u32;
+    for t in 0..n_stages - 1 {
+        if t < tiles {
+            issue(write, k_begin + t * BK);
+        }
+        cp_async_commit();
+        write = next_stage(write);
+    }
+
+    let mut acc = [[0.0f32; 4]; 8];
+    let mut read = 0u32;
+    for t in 0..tiles {
+        if WIDE {
+            cp_async_wait::<1>();
+        } else {
+            cp_async_wait::<2>();
+        }
+        sync_threads();
+        let ahead = t + n_stages - 1;
+        if ahead < tiles {
+            issue(write, k_begin + ahead * BK);
+        }
+        cp_async_commit();
+        write = next_stage(write);
+
+        let a_s = smem_addr + read * stage_bytes;
+        let b_s = a_s + b_off;
+        unsafe { vmma_tile::<A, B, MODE, WIDE>(a_s, b_s, &mut acc) };
+        read = next_stage(read);
+    }
+    cp_async_wait::<0>();
+
+    let store = |p: u32, v: u32| {
+        if p >= 4 && !WIDE {
+            return;
+        }
+        let (mi, ni) = tc_coord::<WIDE>(tid, p, v);
+        let (m, n) = (m0 + mi, n0 + ni);
+        if m < m_total && n < n_total {
+            unsafe { e.store(m, n, acc[p as usize][v as usize]) };
+        }
+    };
+    macro_rules! store_rows {
+        ($($p:literal)*) => { $( store($p, 0); store($p, 1); store($p, 2); store($p, 3); )* };
+    }
+    store_rows!(0 1 2 3 4 5 6 7);
+}
+
+/// One float of a shared tile at window address `addr`.
+#[inline(always)]
+unsafe fn ld_shared_f32(addr: u32) -> f32 {
+    let v: f32;
+    unsafe {
+        asm!(
+            "ld.shared.f32 {v}, [{addr}];",
+            addr = in(reg32) addr,
+            v = out(reg32) v,
+            options(readonly, nostack, preserves_flags),
+        )
+    };
+    v
+}
+
+/// The four fp32 words of one shared K tile (16 deep) that lane (g, t) of
+/// a warp needs for row/column `x0 + g` at k = t, t+4, t+8, t+12: from
+/// `ldmatrix` when `k_major` (tile `[x][k]`), else four loads from `[k][x]`
+/// with row stride `stride` floats.
+#[inline(always)]
+unsafe fn frag_words(k_major: bool, tile: u32, x0: u32, stride: u32) -> [u32; 4] {
+    let lane = tid_x() % 32;
+    if k_major {
+        // Lanes 8i..8i+7 address rows x0..x0+7 at k = 4i.
+        let addr = tile + ((x0 + lane % 8) * VK_STRIDE + 4 * (lane / 8)) * 4;
+        unsafe { ldmatrix_x4(addr) }
+    } else {
+        let (g, t) = (lane / 4, lane % 4);
+        let at = |k: u32| unsafe { ld_shared_f32(tile + (k * stride + x0 + g) * 4).to_bits() };
+        [at(t), at(t + 4), at(t + 8), at(t + 12)]
+    }
+}
+
+/// Products of one shared K tile for the vector engine: per warp, its
+/// (BM/4)×32 slice as four or eight 16×8 accumulators (see [`tc_coord`]).
+#[inline(always)]
+unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const WIDE: bool>(
+    a_s: u32,
+    b_s: u32,
+    acc: &mut [[f32; 4]; 8],
+) {
+    let warp = tid_x() / 32;
+    let row0 = (bm(WIDE) / 4) * (warp / 2);
+    let col0 = 32 * (warp % 2);
+    let a_stride = bm(WIDE) + PAD;
+    // Words for rows r..r+7 and r+8..r+15 of A, columns c..c+7 of B, each at
+    // k = t, t+4, t+8, t+12.
+    let bw = |nj: u32| unsafe { frag_words(B::K_MAJOR, b_s, col0 + 8 * nj, BS_STRIDE) };
+    let aw = |r: u32| unsafe { frag_words(A::K_MAJOR, a_s, r, a_stride) };
+    let b = [bw(0), bw(1), bw(2), bw(3)];
+    let mis = if WIDE { 2 } else { 1 };
+    if MODE == TF32 {
+        let tf = |w: u32| to_tf32(f32::from_bits(w));
+        // k8 step s reads k = 8s + t and 8s + t + 4: words 2s and 2s + 1.
+        let bt = b.map(|w| w.map(tf));
+        for mi in 0..mis {
+            let lo = aw(row0 + 16 * mi).map(tf);
+            let hi = aw(row0 + 16 * mi + 8).map(tf);
+            for s in 0..2usize {
+                let a = [lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1]];
+                for nj in 0..4usize {
+                    let p = 4 * mi as usize + nj;
+                    acc[p] = mma_tf32(a, [bt[nj][2 * s], bt[nj][2 * s + 1]], acc[p]);
+                }
+            }
+        }
+    } else {
+        let pk = |w: [u32; 4]| {
+            let f = |i: usize| f32::from_bits(w[i]);
+            [pack_bf16(f(0), f(1)), pack_bf16(f(2), f(3))]
+        };
+        let bp = b.map(pk);
+        for mi in 0..mis {
+            let lo = pk(aw(row0 + 16 * mi));
+            let hi = pk(aw(row0 + 16 * mi + 8));
+            let a = [lo[0], hi[0], lo[1], hi[1]];
+            for nj in 0..4usize {
+                let p = 4 * mi as usize + nj;
+                acc[p] = mma_bf16(a, bp[nj], acc[p]);
+            }
+        }
+    }
+}
+
+/// A dense matrix for the vector engine: element `(k, i)` at
+/// `p[k·ks + i·is]`, with `ks = 1` (`K_MAJOR`) or `is = 1`; vectors start at
+/// multiples of 4 floats from a 16-byte aligned `p`.
+#[derive(Clone, Copy)]
+pub struct VStrided<const K_MAJOR: bool> {
+    pub p: *const f32,
+    pub ks: usize,
+    pub is: usize,
+}
+
+impl<const KM: bool> VecOperand for VStrided<KM> {
+    const K_MAJOR: bool = KM;
+    type Cursor = usize;
+    #[inline(always)]
+    fn open(&self, k: u32, i0: u32) -> usize {
+        (k as usize)
+            .wrapping_mul(self.ks)
+            .wrapping_add((i0 as usize).wrapping_mul(self.is))
+    }
+    #[inline(always)]
+    fn src(&self, c: &usize, j: usize) -> Option<*const f32> {
+        Some(self.p.wrapping_add(c + j * VSLOT_STRIDE as usize * self.is))
+    }
+    #[inline(always)]
+    fn step(&self, c: &mut usize) {
+        *c = c.wrapping_add(BK as usize * self.ks);
+    }
+    #[inline(always)]
+    fn base(&self) -> *const f32 {
+        self.p
     }
 }

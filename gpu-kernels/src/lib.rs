@@ -25,6 +25,7 @@ pub mod activation;
 pub mod conv;
 pub mod dropout;
 pub mod gemm;
+pub mod layout;
 pub mod loss;
 pub mod lrn;
 pub mod optimizer;

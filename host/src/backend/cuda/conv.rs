@@ -2,13 +2,23 @@
 //! `conv_backward_data`, `conv_backward_filter` + `splitk_reduce`) and
 //! `conv_backward_bias` (one 1024-thread block per channel).
 //!
+//! In TF32 and bf16, a product whose channel counts allow it (forward: C_in/G
+//! a multiple of 16; data gradient: C_out/G a multiple of 16; weight
+//! gradient: both multiples of 4) takes the channels-last path: x and dy are
+//! transposed to NHWC and the filter bank to the product's k order in
+//! scratch buffers (`transpose`), and the `*_nhwc` kernels copy 16-byte
+//! vectors of channels (AlexNet's conv2–5; conv1 has 3 channels). Results
+//! come out in the usual layouts.
+//!
 //! The weight gradient's GEMM has a small result (C_out/G × C_in/G·KH·KW) and a
 //! huge reduction (N·OH·OW), so it is split over K until the grid has about
 //! two blocks per SM; the slices' partials land in a workspace and
 //! `splitk_reduce` adds them in a fixed order, keeping results deterministic.
 
 use super::gemm::{grid, tiles};
-use super::{CudaBackend, check_len, gemm_names, grid_1d, launch};
+use super::layout::transpose;
+use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
+use crate::config::Precision;
 use crate::backend::ConvGeom;
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
@@ -76,7 +86,43 @@ pub(super) fn conv_forward(
         g.n * g.out_h() * g.out_w(),
         g.groups,
     );
-    launch!(be, be.gemm_kernel(gemm_names!("conv_forward"), wide), cfg, || format!("{g:?}"); &s, x, w, bias, y)
+    let what = || format!("{g:?}");
+    let (cg, kk) = (g.c_in / g.groups, g.k_h * g.k_w);
+    if let Some(name) = nhwc_kernel(be, "conv_forward", cg % 16 == 0, wide) {
+        return be.with_scratch(Scratch::X, g.x_len(), |xt| {
+            transpose(be, x, xt, g.n, g.c_in, g.h * g.w)?;
+            be.with_scratch(Scratch::W, g.w_len(), |wt| {
+                transpose(be, w, wt, g.c_out, cg, kk)?;
+                launch!(be, name, nhwc_cfg(cfg, wide), what; &s, &*xt, &*wt, bias, y)
+            })
+        });
+    }
+    launch!(be, be.gemm_kernel(gemm_names!("conv_forward"), wide), cfg, what; &s, x, w, bias, y)
+}
+
+/// The channels-last kernel `{base}_nhwc_{tf32|bf16}[_wide]` when the
+/// precision and the shape (`fits`) allow it and the path is on.
+fn nhwc_kernel(be: &CudaBackend, base: &str, fits: bool, wide: bool) -> Option<&'static str> {
+    if !be.conv_nhwc || !fits {
+        return None;
+    }
+    let p = match be.precision {
+        Precision::Fp32 => return None,
+        Precision::Tf32 => "tf32",
+        Precision::Bf16 => "bf16",
+    };
+    let name = format!("{base}_nhwc_{p}{}", if wide { "_wide" } else { "" });
+    super::KERNELS.iter().copied().find(|k| *k == name)
+}
+
+/// `cfg` with the vector engine's shared memory (`gemm::vshared_bytes`).
+fn nhwc_cfg(cfg: LaunchConfig, wide: bool) -> LaunchConfig {
+    let stages = if wide { 3 } else { 4 };
+    let rows = if wide { 128 } else { 64 };
+    LaunchConfig {
+        shared_mem_bytes: stages * (rows + 64) * 20 * 4,
+        ..cfg
+    }
 }
 
 pub(super) fn conv_backward_data(
@@ -90,9 +136,23 @@ pub(super) fn conv_backward_data(
     check_len("conv_backward_data dy", dy, g.y_len())?;
     check_len("conv_backward_data w", w, g.w_len())?;
     check_len("conv_backward_data dx", dx, g.x_len())?;
+    let what = || format!("{g:?}");
+    let (cg, fg, kk) = (g.c_in / g.groups, g.c_out / g.groups, g.k_h * g.k_w);
+    let pixels = g.n * g.h * g.w;
+    let (cfg, wide) = tiles(be, cg, pixels, g.groups);
+    if let Some(name) = nhwc_kernel(be, "conv_backward_data", fg % 16 == 0, wide) {
+        let ohw = g.out_h() * g.out_w();
+        return be.with_scratch(Scratch::Dy, g.y_len(), |dyt| {
+            transpose(be, dy, dyt, g.n, g.c_out, ohw)?;
+            be.with_scratch(Scratch::W, g.w_len(), |wt| {
+                transpose(be, w, wt, g.groups, fg, cg * kk)?;
+                launch!(be, name, nhwc_cfg(cfg, wide), what; &s, &*dyt, &*wt, dx)
+            })
+        });
+    }
     let wide = be.wide_tiles_data_grad();
-    let cfg = grid(g.c_in / g.groups, g.n * g.h * g.w, g.groups, wide);
-    launch!(be, be.gemm_kernel(gemm_names!("conv_backward_data"), wide), cfg, || format!("{g:?}"); &s, dy, w, dx)
+    let cfg = grid(cg, pixels, g.groups, wide);
+    launch!(be, be.gemm_kernel(gemm_names!("conv_backward_data"), wide), cfg, what; &s, dy, w, dx)
 }
 
 /// How many K slices the weight gradient uses: enough blocks for ~2 per SM,
@@ -124,10 +184,27 @@ pub(super) fn conv_backward_filter(
     let n_len = (g.c_in / g.groups) * g.k_h * g.k_w;
     let cfg = grid(m, n_len, g.groups * splits as usize, wide);
     let what = || format!("{g:?} splits={splits}");
+    let len = g.w_len();
+    let fits = (g.c_in / g.groups) % 4 == 0 && m % 4 == 0;
+    if let Some(name) = nhwc_kernel(be, "conv_backward_filter", fits, wide) {
+        let cfg = nhwc_cfg(cfg, wide);
+        return be.with_scratch(Scratch::X, g.x_len(), |xt| {
+            transpose(be, x, xt, g.n, g.c_in, g.h * g.w)?;
+            be.with_scratch(Scratch::Dy, g.y_len(), |dyt| {
+                transpose(be, dy, dyt, g.n, g.c_out, g.out_h() * g.out_w())?;
+                if splits == 1 {
+                    return launch!(be, name, cfg, what; &s, &*xt, &*dyt, dw, &splits);
+                }
+                be.with_workspace(len * splits as usize, |ws| {
+                    launch!(be, name, cfg, what; &s, &*xt, &*dyt, &mut *ws, &splits)?;
+                    launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits, &0u64, &1u32)
+                })
+            })
+        });
+    }
     if splits == 1 {
         return launch!(be, be.gemm_kernel(gemm_names!("conv_backward_filter"), wide), cfg, what; &s, x, dy, dw, &splits);
     }
-    let len = g.w_len();
     be.with_workspace(len * splits as usize, |ws| {
         launch!(be, be.gemm_kernel(gemm_names!("conv_backward_filter"), wide), cfg, what; &s, x, dy, &mut *ws, &splits)?;
         launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits, &0u64, &1u32)

@@ -14,6 +14,7 @@ mod conv;
 mod copy;
 mod dropout;
 mod gemm;
+mod layout;
 mod loss;
 mod lrn;
 mod optimizer;
@@ -50,6 +51,19 @@ const KERNELS: &[&str] = &[
     "conv_backward_filter_tf32_wide",
     "conv_backward_filter_bf16_wide",
     "conv_backward_bias",
+    "conv_forward_nhwc_tf32",
+    "conv_forward_nhwc_bf16",
+    "conv_forward_nhwc_tf32_wide",
+    "conv_forward_nhwc_bf16_wide",
+    "conv_backward_data_nhwc_tf32",
+    "conv_backward_data_nhwc_bf16",
+    "conv_backward_data_nhwc_tf32_wide",
+    "conv_backward_data_nhwc_bf16_wide",
+    "conv_backward_filter_nhwc_tf32",
+    "conv_backward_filter_nhwc_bf16",
+    "conv_backward_filter_nhwc_tf32_wide",
+    "conv_backward_filter_nhwc_bf16_wide",
+    "transpose",
     "splitk_reduce",
     "fc_forward",
     "fc_backward_data",
@@ -168,6 +182,24 @@ pub struct CudaBackend {
     staging: Mutex<Staging>,
     pinned_uploads: bool,
     gemm_tiles: GemmTiles,
+    /// Whether TF32/bf16 convolutions whose channel counts allow it run on
+    /// the channels-last path (see `conv.rs`); `ALEXNET_CONV_NHWC=0` turns
+    /// it off (benchmarks).
+    conv_nhwc: bool,
+    /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
+    /// demand like `workspace`.
+    scratch: [Mutex<Option<CudaSlice<f32>>>; 3],
+}
+
+/// Slots of [`CudaBackend`]'s scratch buffers.
+#[derive(Clone, Copy)]
+enum Scratch {
+    /// x in NHWC.
+    X = 0,
+    /// dy in NHWC.
+    Dy = 1,
+    /// The filter bank in a product's k order.
+    W = 2,
 }
 
 /// Tile height of the GEMM engine's products (conv and fc): 64 or 128 rows
@@ -246,6 +278,8 @@ impl CudaBackend {
                 Ok("128") => GemmTiles::Wide,
                 _ => GemmTiles::Auto,
             },
+            conv_nhwc: std::env::var("ALEXNET_CONV_NHWC").map_or(true, |v| v != "0"),
+            scratch: Default::default(),
         })
     }
 
@@ -273,6 +307,11 @@ impl CudaBackend {
     /// `ALEXNET_PINNED_UPLOADS=0` turns it off.
     pub fn set_pinned_uploads(&mut self, on: bool) {
         self.pinned_uploads = on;
+    }
+
+    /// Turns the channels-last convolution path on or off (see `conv.rs`).
+    pub fn set_conv_nhwc(&mut self, on: bool) {
+        self.conv_nhwc = on;
     }
 
     /// Chooses the GEMM engine's tile height (see [`GemmTiles`]).
@@ -367,6 +406,36 @@ impl CudaBackend {
             *ws = Some(buf);
         }
         f(ws.as_mut().unwrap())
+    }
+
+    /// Runs `f` with scratch buffer `slot` of at least `len` floats.
+    fn with_scratch<R>(
+        &self,
+        slot: Scratch,
+        len: usize,
+        f: impl FnOnce(&mut CudaSlice<f32>) -> Result<R>,
+    ) -> Result<R> {
+        let mut buf = self.scratch[slot as usize].lock().unwrap();
+        if buf.as_ref().is_none_or(|b| b.len() < len) {
+            *buf = None;
+            let b = unsafe { self.stream.alloc::<f32>(len) }
+                .map_err(|e| self.alloc_error("channels-last scratch", len * 4, e))?;
+            *buf = Some(b);
+        }
+        f(buf.as_mut().unwrap())
+    }
+
+    /// `dst[b][j][i] = src[b][i][j]` for `batches` row-major `rows × cols`
+    /// matrices (the `transpose` kernel; `dst` may be longer than needed).
+    pub fn transpose(
+        &self,
+        src: &CudaSlice<f32>,
+        dst: &mut CudaSlice<f32>,
+        batches: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        layout::transpose(self, src, dst, batches, rows, cols)
     }
 }
 

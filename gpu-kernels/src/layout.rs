@@ -1,0 +1,38 @@
+//! Layout changes: `transpose` turns `batches` row-major `rows × cols`
+//! matrices into `cols × rows` ones, `dst[b][j][i] = src[b][i][j]`. The
+//! channels-last convolution path uses it for NCHW → NHWC (a matrix per
+//! image: rows = C, cols = H·W) and to reorder the filter bank.
+//!
+//! Mapping: a block of 32×8 threads moves a 32×32 tile through shared memory
+//! (rows padded to 33 floats, so both the column reads and the row writes
+//! are free of bank conflicts); each thread copies four elements, reading
+//! along `cols` and writing along `rows`, both coalesced. Grid
+//! (⌈cols/32⌉, ⌈rows/32⌉, batches), 32×33 floats of dynamic shared memory.
+
+use crate::device::{bid_x, bid_y, bid_z, shared, sync_threads, tid_x, tid_y};
+
+const TILE: u32 = 32;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn transpose(src: *const f32, dst: *mut f32, rows: u32, cols: u32) {
+    let buf = shared::<[f32; 33]>();
+    let plane = bid_z() as usize * rows as usize * cols as usize;
+    let (src, dst) = (src.wrapping_add(plane), dst.wrapping_add(plane));
+    let (tx, ty) = (tid_x(), tid_y());
+    let (c0, r0) = (bid_x() * TILE, bid_y() * TILE);
+    for i in 0..4 {
+        let (r, c) = (r0 + ty + 8 * i, c0 + tx);
+        if r < rows && c < cols {
+            let v = unsafe { *src.add(r as usize * cols as usize + c as usize) };
+            unsafe { (*buf.add((ty + 8 * i) as usize))[tx as usize] = v };
+        }
+    }
+    sync_threads();
+    for i in 0..4 {
+        let (c, r) = (c0 + ty + 8 * i, r0 + tx);
+        if r < rows && c < cols {
+            let v = unsafe { (*buf.add(tx as usize))[(ty + 8 * i) as usize] };
+            unsafe { *dst.add(c as usize * rows as usize + r as usize) = v };
+        }
+    }
+}
