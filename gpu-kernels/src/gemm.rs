@@ -494,17 +494,35 @@ unsafe fn fc_forward_impl<const MODE: u8, const WIDE: bool>(
     outputs: u32,
     splits: u32,
 ) {
+    unsafe { fc_forward_any::<MODE, WIDE, false>(x, w, bias, y, batch, inputs, outputs, splits) }
+}
+
+/// `fc_forward` on the vector engine (TF32/bf16; inputs a multiple of 4).
+unsafe fn fc_forward_vec_impl<const MODE: u8, const WIDE: bool>(
+    x: *const f32,
+    w: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+    batch: u32,
+    inputs: u32,
+    outputs: u32,
+    splits: u32,
+) {
+    unsafe { fc_forward_any::<MODE, WIDE, true>(x, w, bias, y, batch, inputs, outputs, splits) }
+}
+
+#[inline(always)]
+unsafe fn fc_forward_any<const MODE: u8, const WIDE: bool, const VEC: bool>(
+    x: *const f32,
+    w: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+    batch: u32,
+    inputs: u32,
+    outputs: u32,
+    splits: u32,
+) {
     let (ni, no) = (inputs as usize, outputs as usize);
-    let a = Strided::<true> {
-        p: x,
-        ks: 1,
-        is: ni,
-    };
-    let b = Strided::<true> {
-        p: w,
-        ks: 1,
-        is: ni,
-    };
     let z = bid_z();
     let (k_begin, k_end) = split_range(inputs, splits, z);
     let e = StoreStrided {
@@ -514,11 +532,22 @@ unsafe fn fc_forward_impl<const MODE: u8, const WIDE: bool>(
         bias: if splits > 1 { core::ptr::null() } else { bias },
         bias_by_row: false,
     };
-    unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, batch, outputs, k_begin, k_end) };
+    let (m, n) = (batch, outputs);
+    if VEC {
+        let a = VStrided::<true> { p: x, ks: 1, is: ni };
+        let b = VStrided::<true> { p: w, ks: 1, is: ni };
+        unsafe { gemm_tile_v::<_, _, _, MODE, WIDE>(&a, &b, &e, m, n, k_begin, k_end) };
+    } else {
+        let a = Strided::<true> { p: x, ks: 1, is: ni };
+        let b = Strided::<true> { p: w, ks: 1, is: ni };
+        unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, m, n, k_begin, k_end) };
+    }
 }
 
 gemm_kernels!(fc_forward_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
     fc_forward: FP32, false; fc_forward_tf32: TF32, false; fc_forward_bf16: BF16, false; fc_forward_wide: FP32, true; fc_forward_tf32_wide: TF32, true; fc_forward_bf16_wide: BF16, true);
+gemm_kernels!(fc_forward_vec_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
+    fc_forward_vec_tf32: TF32, false; fc_forward_vec_bf16: BF16, false; fc_forward_vec_tf32_wide: TF32, true; fc_forward_vec_bf16_wide: BF16, true);
 
 /// Fully connected data gradient, `dx[b, i] = Σ_o dy[b, o]·w[o, i]`.
 ///
@@ -534,17 +563,34 @@ unsafe fn fc_backward_data_impl<const MODE: u8, const WIDE: bool>(
     outputs: u32,
     splits: u32,
 ) {
+    unsafe { fc_backward_data_any::<MODE, WIDE, false>(dy, w, dx, batch, inputs, outputs, splits) }
+}
+
+/// `fc_backward_data` on the vector engine (TF32/bf16; inputs and outputs
+/// multiples of 4).
+unsafe fn fc_backward_data_vec_impl<const MODE: u8, const WIDE: bool>(
+    dy: *const f32,
+    w: *const f32,
+    dx: *mut f32,
+    batch: u32,
+    inputs: u32,
+    outputs: u32,
+    splits: u32,
+) {
+    unsafe { fc_backward_data_any::<MODE, WIDE, true>(dy, w, dx, batch, inputs, outputs, splits) }
+}
+
+#[inline(always)]
+unsafe fn fc_backward_data_any<const MODE: u8, const WIDE: bool, const VEC: bool>(
+    dy: *const f32,
+    w: *const f32,
+    dx: *mut f32,
+    batch: u32,
+    inputs: u32,
+    outputs: u32,
+    splits: u32,
+) {
     let (ni, no) = (inputs as usize, outputs as usize);
-    let a = Strided::<true> {
-        p: dy,
-        ks: 1,
-        is: no,
-    };
-    let b = Strided::<false> {
-        p: w,
-        ks: ni,
-        is: 1,
-    };
     let z = bid_z();
     let (k_begin, k_end) = split_range(outputs, splits, z);
     let e = StoreStrided {
@@ -554,11 +600,22 @@ unsafe fn fc_backward_data_impl<const MODE: u8, const WIDE: bool>(
         bias: core::ptr::null(),
         bias_by_row: false,
     };
-    unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, batch, inputs, k_begin, k_end) };
+    let (m, n) = (batch, inputs);
+    if VEC {
+        let a = VStrided::<true> { p: dy, ks: 1, is: no };
+        let b = VStrided::<false> { p: w, ks: ni, is: 1 };
+        unsafe { gemm_tile_v::<_, _, _, MODE, WIDE>(&a, &b, &e, m, n, k_begin, k_end) };
+    } else {
+        let a = Strided::<true> { p: dy, ks: 1, is: no };
+        let b = Strided::<false> { p: w, ks: ni, is: 1 };
+        unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, m, n, k_begin, k_end) };
+    }
 }
 
 gemm_kernels!(fc_backward_data_impl (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
     fc_backward_data: FP32, false; fc_backward_data_tf32: TF32, false; fc_backward_data_bf16: BF16, false; fc_backward_data_wide: FP32, true; fc_backward_data_tf32_wide: TF32, true; fc_backward_data_bf16_wide: BF16, true);
+gemm_kernels!(fc_backward_data_vec_impl (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
+    fc_backward_data_vec_tf32: TF32, false; fc_backward_data_vec_bf16: BF16, false; fc_backward_data_vec_tf32_wide: TF32, true; fc_backward_data_vec_bf16_wide: BF16, true);
 
 /// Fully connected weight gradient, `dw[o, i] = Σ_b dy[b, o]·x[b, i]`.
 ///
@@ -572,17 +629,32 @@ unsafe fn fc_backward_filter_impl<const MODE: u8, const WIDE: bool>(
     inputs: u32,
     outputs: u32,
 ) {
+    unsafe { fc_backward_filter_any::<MODE, WIDE, false>(x, dy, dw, batch, inputs, outputs) }
+}
+
+/// `fc_backward_filter` on the vector engine (TF32/bf16; inputs and outputs
+/// multiples of 4).
+unsafe fn fc_backward_filter_vec_impl<const MODE: u8, const WIDE: bool>(
+    x: *const f32,
+    dy: *const f32,
+    dw: *mut f32,
+    batch: u32,
+    inputs: u32,
+    outputs: u32,
+) {
+    unsafe { fc_backward_filter_any::<MODE, WIDE, true>(x, dy, dw, batch, inputs, outputs) }
+}
+
+#[inline(always)]
+unsafe fn fc_backward_filter_any<const MODE: u8, const WIDE: bool, const VEC: bool>(
+    x: *const f32,
+    dy: *const f32,
+    dw: *mut f32,
+    batch: u32,
+    inputs: u32,
+    outputs: u32,
+) {
     let (ni, no) = (inputs as usize, outputs as usize);
-    let a = Strided::<false> {
-        p: dy,
-        ks: no,
-        is: 1,
-    };
-    let b = Strided::<false> {
-        p: x,
-        ks: ni,
-        is: 1,
-    };
     let e = StoreStrided {
         c: dw,
         rs: ni,
@@ -590,11 +662,21 @@ unsafe fn fc_backward_filter_impl<const MODE: u8, const WIDE: bool>(
         bias: core::ptr::null(),
         bias_by_row: false,
     };
-    unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, outputs, inputs, 0, batch) };
+    if VEC {
+        let a = VStrided::<false> { p: dy, ks: no, is: 1 };
+        let b = VStrided::<false> { p: x, ks: ni, is: 1 };
+        unsafe { gemm_tile_v::<_, _, _, MODE, WIDE>(&a, &b, &e, outputs, inputs, 0, batch) };
+    } else {
+        let a = Strided::<false> { p: dy, ks: no, is: 1 };
+        let b = Strided::<false> { p: x, ks: ni, is: 1 };
+        unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, outputs, inputs, 0, batch) };
+    }
 }
 
 gemm_kernels!(fc_backward_filter_impl (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
     fc_backward_filter: FP32, false; fc_backward_filter_tf32: TF32, false; fc_backward_filter_bf16: BF16, false; fc_backward_filter_wide: FP32, true; fc_backward_filter_tf32_wide: TF32, true; fc_backward_filter_bf16_wide: BF16, true);
+gemm_kernels!(fc_backward_filter_vec_impl (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
+    fc_backward_filter_vec_tf32: TF32, false; fc_backward_filter_vec_bf16: BF16, false; fc_backward_filter_vec_tf32_wide: TF32, true; fc_backward_filter_vec_bf16_wide: BF16, true);
 
 /// Fully connected bias gradient, `db[o] = Σ_b dy[b, o]`: one thread per
 /// output (coalesced across o), summing over the batch in order.

@@ -15,10 +15,9 @@
 //! two blocks per SM; the slices' partials land in a workspace and
 //! `splitk_reduce` adds them in a fixed order, keeping results deterministic.
 
-use super::gemm::{grid, tiles};
+use super::gemm::{grid, tiles, vec_cfg};
 use super::layout::transpose;
 use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
-use crate::config::Precision;
 use crate::backend::ConvGeom;
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
@@ -88,41 +87,16 @@ pub(super) fn conv_forward(
     );
     let what = || format!("{g:?}");
     let (cg, kk) = (g.c_in / g.groups, g.k_h * g.k_w);
-    if let Some(name) = nhwc_kernel(be, "conv_forward", cg % 16 == 0, wide) {
+    if let Some(name) = be.vec_kernel("conv_forward_nhwc", cg.is_multiple_of(16), wide) {
         return be.with_scratch(Scratch::X, g.x_len(), |xt| {
             transpose(be, x, xt, g.n, g.c_in, g.h * g.w)?;
             be.with_scratch(Scratch::W, g.w_len(), |wt| {
                 transpose(be, w, wt, g.c_out, cg, kk)?;
-                launch!(be, name, nhwc_cfg(cfg, wide), what; &s, &*xt, &*wt, bias, y)
+                launch!(be, name, vec_cfg(cfg, wide), what; &s, &*xt, &*wt, bias, y)
             })
         });
     }
     launch!(be, be.gemm_kernel(gemm_names!("conv_forward"), wide), cfg, what; &s, x, w, bias, y)
-}
-
-/// The channels-last kernel `{base}_nhwc_{tf32|bf16}[_wide]` when the
-/// precision and the shape (`fits`) allow it and the path is on.
-fn nhwc_kernel(be: &CudaBackend, base: &str, fits: bool, wide: bool) -> Option<&'static str> {
-    if !be.conv_nhwc || !fits {
-        return None;
-    }
-    let p = match be.precision {
-        Precision::Fp32 => return None,
-        Precision::Tf32 => "tf32",
-        Precision::Bf16 => "bf16",
-    };
-    let name = format!("{base}_nhwc_{p}{}", if wide { "_wide" } else { "" });
-    super::KERNELS.iter().copied().find(|k| *k == name)
-}
-
-/// `cfg` with the vector engine's shared memory (`gemm::vshared_bytes`).
-fn nhwc_cfg(cfg: LaunchConfig, wide: bool) -> LaunchConfig {
-    let stages = if wide { 3 } else { 4 };
-    let rows = if wide { 128 } else { 64 };
-    LaunchConfig {
-        shared_mem_bytes: stages * (rows + 64) * 20 * 4,
-        ..cfg
-    }
 }
 
 pub(super) fn conv_backward_data(
@@ -140,13 +114,13 @@ pub(super) fn conv_backward_data(
     let (cg, fg, kk) = (g.c_in / g.groups, g.c_out / g.groups, g.k_h * g.k_w);
     let pixels = g.n * g.h * g.w;
     let (cfg, wide) = tiles(be, cg, pixels, g.groups);
-    if let Some(name) = nhwc_kernel(be, "conv_backward_data", fg % 16 == 0, wide) {
+    if let Some(name) = be.vec_kernel("conv_backward_data_nhwc", fg.is_multiple_of(16), wide) {
         let ohw = g.out_h() * g.out_w();
         return be.with_scratch(Scratch::Dy, g.y_len(), |dyt| {
             transpose(be, dy, dyt, g.n, g.c_out, ohw)?;
             be.with_scratch(Scratch::W, g.w_len(), |wt| {
                 transpose(be, w, wt, g.groups, fg, cg * kk)?;
-                launch!(be, name, nhwc_cfg(cfg, wide), what; &s, &*dyt, &*wt, dx)
+                launch!(be, name, vec_cfg(cfg, wide), what; &s, &*dyt, &*wt, dx)
             })
         });
     }
@@ -185,9 +159,9 @@ pub(super) fn conv_backward_filter(
     let cfg = grid(m, n_len, g.groups * splits as usize, wide);
     let what = || format!("{g:?} splits={splits}");
     let len = g.w_len();
-    let fits = (g.c_in / g.groups) % 4 == 0 && m % 4 == 0;
-    if let Some(name) = nhwc_kernel(be, "conv_backward_filter", fits, wide) {
-        let cfg = nhwc_cfg(cfg, wide);
+    let fits = (g.c_in / g.groups).is_multiple_of(4) && m.is_multiple_of(4);
+    if let Some(name) = be.vec_kernel("conv_backward_filter_nhwc", fits, wide) {
+        let cfg = vec_cfg(cfg, wide);
         return be.with_scratch(Scratch::X, g.x_len(), |xt| {
             transpose(be, x, xt, g.n, g.c_in, g.h * g.w)?;
             be.with_scratch(Scratch::Dy, g.y_len(), |dyt| {

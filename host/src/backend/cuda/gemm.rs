@@ -3,7 +3,9 @@
 //! x over the GEMM's N and y over its M; see `gpu-kernels/src/gemm.rs`), the
 //! first two split over K into grid z when their M = batch leaves the GPU
 //! short of blocks (partials summed by `splitk_reduce`, in a fixed order),
-//! and `fc_backward_bias` (one thread per output).
+//! and `fc_backward_bias` (one thread per output). In TF32/bf16, products
+//! whose inputs and outputs are multiples of 4 run on the vector engine
+//! (`*_vec` kernels: 16-byte copies, `ldmatrix` where k is contiguous).
 
 use super::{CudaBackend, check_len, gemm_names, grid_1d, launch};
 use crate::backend::FcGeom;
@@ -37,6 +39,33 @@ fn gemm_shared_bytes(wide: bool) -> u32 {
     }
 }
 
+/// `cfg` with the vector engine's shared memory (`gemm::vshared_bytes`: 3
+/// or 4 stages of (rows + 64) × 20 floats).
+pub(super) fn vec_cfg(cfg: LaunchConfig, wide: bool) -> LaunchConfig {
+    let stages = if wide { 3 } else { 4 };
+    let rows = if wide { 128 } else { 64 };
+    LaunchConfig {
+        shared_mem_bytes: stages * (rows + 64) * 20 * 4,
+        ..cfg
+    }
+}
+
+/// The fc kernel `base` for the current precision and tile height, or its
+/// vector-engine twin `{base}_vec` where the shape allows (`fits`), with its
+/// launch configuration from `cfg`.
+fn pick(
+    be: &CudaBackend,
+    names: [&'static str; 6],
+    fits: bool,
+    wide: bool,
+    cfg: LaunchConfig,
+) -> (&'static str, LaunchConfig) {
+    match be.vec_kernel(&format!("{}_vec", names[0]), fits, wide) {
+        Some(name) => (name, vec_cfg(cfg, wide)),
+        None => (be.gemm_kernel(names, wide), cfg),
+    }
+}
+
 fn dims(g: &FcGeom) -> (u32, u32, u32) {
     (g.n as u32, g.inputs as u32, g.outputs as u32)
 }
@@ -56,13 +85,15 @@ pub(super) fn fc_forward(
     let (n, i, o) = dims(g);
     let (cfg, wide) = tiles(be, g.n, g.outputs, 1);
     let splits = fc_splits(be, &cfg, g.inputs);
-    let name = be.gemm_kernel(gemm_names!("fc_forward"), wide);
+    let fits = g.inputs.is_multiple_of(4);
     let what = || format!("{g:?} splits={splits}");
     if splits == 1 {
+        let (name, cfg) = pick(be, gemm_names!("fc_forward"), fits, wide, cfg);
         return launch!(be, name, cfg, what; x, w, b, y, &n, &i, &o, &splits);
     }
     let len = g.n * g.outputs;
     let cfg = grid(g.n, g.outputs, splits as usize, wide);
+    let (name, cfg) = pick(be, gemm_names!("fc_forward"), fits, wide, cfg);
     be.with_workspace(len * splits as usize, |ws| {
         launch!(be, name, cfg, what; x, w, b, &mut *ws, &n, &i, &o, &splits)?;
         launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *y, &len, &splits, b, &o)
@@ -92,13 +123,15 @@ pub(super) fn fc_backward_data(
     let (n, i, o) = dims(g);
     let (cfg, wide) = tiles(be, g.n, g.inputs, 1);
     let splits = fc_splits(be, &cfg, g.outputs);
-    let name = be.gemm_kernel(gemm_names!("fc_backward_data"), wide);
+    let fits = g.inputs.is_multiple_of(4) && g.outputs.is_multiple_of(4);
     let what = || format!("{g:?} splits={splits}");
     if splits == 1 {
+        let (name, cfg) = pick(be, gemm_names!("fc_backward_data"), fits, wide, cfg);
         return launch!(be, name, cfg, what; dy, w, dx, &n, &i, &o, &splits);
     }
     let len = g.n * g.inputs;
     let cfg = grid(g.n, g.inputs, splits as usize, wide);
+    let (name, cfg) = pick(be, gemm_names!("fc_backward_data"), fits, wide, cfg);
     be.with_workspace(len * splits as usize, |ws| {
         launch!(be, name, cfg, what; dy, w, &mut *ws, &n, &i, &o, &splits)?;
         launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dx, &len, &splits, &0u64, &1u32)
@@ -117,7 +150,9 @@ pub(super) fn fc_backward_filter(
     check_len("fc_backward_filter dw", dw, g.outputs * g.inputs)?;
     let (n, i, o) = dims(g);
     let (cfg, wide) = tiles(be, g.outputs, g.inputs, 1);
-    launch!(be, be.gemm_kernel(gemm_names!("fc_backward_filter"), wide), cfg, || format!("{g:?}"); x, dy, dw, &n, &i, &o)
+    let fits = g.inputs.is_multiple_of(4) && g.outputs.is_multiple_of(4);
+    let (name, cfg) = pick(be, gemm_names!("fc_backward_filter"), fits, wide, cfg);
+    launch!(be, name, cfg, || format!("{g:?}"); x, dy, dw, &n, &i, &o)
 }
 
 pub(super) fn fc_backward_bias(

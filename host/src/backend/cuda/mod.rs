@@ -84,6 +84,18 @@ const KERNELS: &[&str] = &[
     "fc_backward_filter_tf32_wide",
     "fc_backward_filter_bf16_wide",
     "fc_backward_bias",
+    "fc_forward_vec_tf32",
+    "fc_forward_vec_bf16",
+    "fc_forward_vec_tf32_wide",
+    "fc_forward_vec_bf16_wide",
+    "fc_backward_data_vec_tf32",
+    "fc_backward_data_vec_bf16",
+    "fc_backward_data_vec_tf32_wide",
+    "fc_backward_data_vec_bf16_wide",
+    "fc_backward_filter_vec_tf32",
+    "fc_backward_filter_vec_bf16",
+    "fc_backward_filter_vec_tf32_wide",
+    "fc_backward_filter_vec_bf16_wide",
     "relu_forward",
     "relu_backward",
     "lrn_forward",
@@ -182,10 +194,10 @@ pub struct CudaBackend {
     staging: Mutex<Staging>,
     pinned_uploads: bool,
     gemm_tiles: GemmTiles,
-    /// Whether TF32/bf16 convolutions whose channel counts allow it run on
-    /// the channels-last path (see `conv.rs`); `ALEXNET_CONV_NHWC=0` turns
-    /// it off (benchmarks).
-    conv_nhwc: bool,
+    /// Whether TF32/bf16 products whose shapes allow it run on the vector
+    /// engine (16-byte copies; channels-last convolutions, see `conv.rs`);
+    /// `ALEXNET_VEC_ENGINE=0` turns it off (benchmarks).
+    vec_engine: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
     scratch: [Mutex<Option<CudaSlice<f32>>>; 3],
@@ -278,7 +290,7 @@ impl CudaBackend {
                 Ok("128") => GemmTiles::Wide,
                 _ => GemmTiles::Auto,
             },
-            conv_nhwc: std::env::var("ALEXNET_CONV_NHWC").map_or(true, |v| v != "0"),
+            vec_engine: std::env::var("ALEXNET_VEC_ENGINE").map_or(true, |v| v != "0"),
             scratch: Default::default(),
         })
     }
@@ -309,9 +321,26 @@ impl CudaBackend {
         self.pinned_uploads = on;
     }
 
-    /// Turns the channels-last convolution path on or off (see `conv.rs`).
-    pub fn set_conv_nhwc(&mut self, on: bool) {
-        self.conv_nhwc = on;
+    /// Turns the vector engine (channels-last convolutions, vectorized fc
+    /// products) on or off.
+    pub fn set_vec_engine(&mut self, on: bool) {
+        self.vec_engine = on;
+    }
+
+    /// The vector-engine kernel `{base}_{tf32|bf16}[_wide]` when the
+    /// precision and the shape (`fits`) allow it and the engine is on.
+    fn vec_kernel(&self, base: &str, fits: bool, wide: bool) -> Option<&'static str> {
+        use crate::config::Precision;
+        if !self.vec_engine || !fits {
+            return None;
+        }
+        let p = match self.precision {
+            Precision::Fp32 => return None,
+            Precision::Tf32 => "tf32",
+            Precision::Bf16 => "bf16",
+        };
+        let name = format!("{base}_{p}{}", if wide { "_wide" } else { "" });
+        KERNELS.iter().copied().find(|k| *k == name)
     }
 
     /// Chooses the GEMM engine's tile height (see [`GemmTiles`]).
