@@ -259,7 +259,10 @@ fn main() -> Result<()> {
     )?;
 
     // NCHW -> NHWC of the channels-last conv path (conv2's input and dy).
-    for (name, c, hw) in [("conv2 x 96x27x27", 96, 27), ("conv2 dy 256x27x27", 256, 27)] {
+    for (name, c, hw) in [
+        ("conv2 x 96x27x27", 96, 27),
+        ("conv2 dy 256x27x27", 256, 27),
+    ] {
         let len = n * c * hw * hw;
         let src = rand_buf(&b.be, len, 250)?;
         let mut dst = b.be.zeros(len)?;

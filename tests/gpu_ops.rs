@@ -34,9 +34,9 @@ struct Ctx {
     failures: Vec<String>,
     /// The GEMM engine's tile height forced for the product tests.
     wide: bool,
-    /// Whether the channels-last convolution path is on (conv tests run
-    /// with it on and off).
-    nhwc: bool,
+    /// Whether the vector engine is on (the product tests run with it on and
+    /// off).
+    vec: bool,
 }
 
 impl Ctx {
@@ -182,7 +182,7 @@ fn main() {
         checks: 0,
         failures: vec![],
         wide: false,
-        nhwc: true,
+        vec: true,
     };
     let mut errors = 0;
     if small_only() {
@@ -299,38 +299,45 @@ fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> R
     result
 }
 
-/// `each_precision` with the channels-last convolution path on, then off
-/// (TF32/bf16 products with suitable channel counts take it; see
-/// `host/src/backend/cuda/conv.rs`).
-fn each_precision_layout(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
+/// `each_precision` with the vector engine on, then off (TF32/bf16 products
+/// whose shapes allow it take it: channels-last convolutions and fc; see
+/// `host/src/backend/cuda/conv.rs` and `gemm.rs`).
+fn each_precision_engines(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
     let mut result = Ok(());
-    for nhwc in [true, false] {
-        c.nhwc = nhwc;
-        c.gpu.set_conv_nhwc(nhwc);
+    for vec in [true, false] {
+        c.vec = vec;
+        c.gpu.set_vec_engine(vec);
         result = each_precision(c, test);
         if result.is_err() {
             break;
         }
     }
-    c.nhwc = true;
-    c.gpu.set_conv_nhwc(true);
+    c.vec = true;
+    c.gpu.set_vec_engine(true);
     result
 }
 
 /// Case-name suffix and tolerance of the products in precision `p` and the
-/// current tile height and conv layout (see the module docs).
+/// current tile height and engine (see the module docs).
 fn label_tol(c: &Ctx, p: Precision) -> (String, f64) {
     let (name, tol) = match p {
         Precision::Fp32 => ("", 1e-5),
         Precision::Tf32 => (" tf32", 1e-3),
         Precision::Bf16 => (" bf16", 1e-2),
     };
-    let layout = if c.nhwc || p == Precision::Fp32 { "" } else { " nchw" };
-    (format!("{name}{}{layout}", if c.wide { " wide" } else { "" }), tol)
+    let engine = if c.vec || p == Precision::Fp32 {
+        ""
+    } else {
+        " scalar"
+    };
+    (
+        format!("{name}{}{engine}", if c.wide { " wide" } else { "" }),
+        tol,
+    )
 }
 
 fn conv_forward(c: &mut Ctx) -> Result<()> {
-    each_precision_layout(c, conv_forward_in)
+    each_precision_engines(c, conv_forward_in)
 }
 
 fn conv_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
@@ -366,7 +373,7 @@ fn conv_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
 }
 
 fn conv_backward_data(c: &mut Ctx) -> Result<()> {
-    each_precision_layout(c, conv_backward_data_in)
+    each_precision_engines(c, conv_backward_data_in)
 }
 
 fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
@@ -391,7 +398,7 @@ fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
 }
 
 fn conv_backward_filter(c: &mut Ctx) -> Result<()> {
-    each_precision_layout(c, conv_backward_filter_in)
+    each_precision_engines(c, conv_backward_filter_in)
 }
 
 fn conv_backward_filter_in(c: &mut Ctx, p: Precision) -> Result<()> {
@@ -494,6 +501,8 @@ fn fc_cases() -> Vec<(&'static str, FcGeom)> {
         ("odd 67x130 -> 131", g(67, 130, 131)),
         ("split-K forward 5x1100 -> 70", g(5, 1100, 70)),
         ("split-K data gradient 3x90 -> 700", g(3, 90, 700)),
+        ("vec odd batch 7x36 -> 20", g(7, 36, 20)),
+        ("vec split-K 3x1028 -> 700", g(3, 1028, 700)),
         ("alexnet fc6 n4 9216 -> 4096", g(4, 9216, 4096)),
         ("alexnet fc7 n128 4096 -> 4096", g(128, 4096, 4096)),
         ("alexnet fc8 n128 4096 -> 1000", g(128, 4096, 1000)),
@@ -501,7 +510,7 @@ fn fc_cases() -> Vec<(&'static str, FcGeom)> {
 }
 
 fn fc_forward(c: &mut Ctx) -> Result<()> {
-    each_precision(c, fc_forward_in)
+    each_precision_engines(c, fc_forward_in)
 }
 
 fn fc_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
@@ -524,7 +533,7 @@ fn fc_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
 }
 
 fn fc_backward_data(c: &mut Ctx) -> Result<()> {
-    each_precision(c, fc_backward_data_in)
+    each_precision_engines(c, fc_backward_data_in)
 }
 
 fn fc_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
@@ -552,7 +561,7 @@ fn fc_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
 }
 
 fn fc_backward_filter(c: &mut Ctx) -> Result<()> {
-    each_precision(c, fc_backward_filter_in)
+    each_precision_engines(c, fc_backward_filter_in)
 }
 
 fn fc_backward_filter_in(c: &mut Ctx, p: Precision) -> Result<()> {
@@ -742,6 +751,17 @@ fn pool_cases() -> Vec<(&'static str, PoolGeom)> {
         ("gapped 2x2x10x10 2/3", g(2, 2, 10, 10, 2, 3)),
         ("3 windows per row 2x3x7x9 3/1", g(2, 3, 7, 9, 3, 1)),
         ("5/2 1x2x11x12", g(1, 2, 11, 12, 5, 2)),
+        // size ≤ 2·stride (one thread per stride×stride block): edges.
+        ("size = 2·stride 2x3x10x9 4/2", g(2, 3, 10, 9, 4, 2)),
+        ("5/3 batch1 1x4x17x16", g(1, 4, 17, 16, 5, 3)),
+        ("gapped odd 1x3x11x8 2/3", g(1, 3, 11, 8, 2, 3)),
+        (
+            "gapped, uncovered tail 2x2x13x14 3/4",
+            g(2, 2, 13, 14, 3, 4),
+        ),
+        ("subsample 1x2x7x6 1/2", g(1, 2, 7, 6, 1, 2)),
+        ("single window 1x2x3x3 3/2", g(1, 2, 3, 3, 3, 2)),
+        ("single window 1x1x5x4 4/3", g(1, 1, 5, 4, 4, 3)),
         (
             "planes beyond the grid 1x70000x3x3 2/1",
             g(1, 70_000, 3, 3, 2, 1),

@@ -22,9 +22,16 @@ pub(super) fn transpose(
         src.len(),
         dst.len()
     );
-    ensure!(batches <= 65_535, "transpose: {batches} matrices exceed grid z (65535)");
+    ensure!(
+        batches <= 65_535,
+        "transpose: {batches} matrices exceed grid z (65535)"
+    );
     let cfg = LaunchConfig {
-        grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, batches as u32),
+        grid_dim: (
+            cols.div_ceil(32) as u32,
+            rows.div_ceil(32) as u32,
+            batches as u32,
+        ),
         block_dim: (32, 8, 1),
         shared_mem_bytes: 32 * 33 * 4,
     };
