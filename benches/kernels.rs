@@ -269,6 +269,9 @@ fn main() -> Result<()> {
         b.run("transpose", name, 0.0, 8.0 * len as f64, |be| {
             be.transpose(&src, &mut dst, n, c, hw * hw)
         })?;
+        b.run("transpose_bf16", name, 0.0, 6.0 * len as f64, |be| {
+            be.transpose_bf16(&src, &mut dst, n, c, hw * hw)
+        })?;
     }
 
     for (name, c, hw) in [("lrn1 96x55x55", 96, 55), ("lrn2 256x27x27", 256, 27)] {

@@ -253,6 +253,10 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
             g(2, 64, 11, 10, 64, 5, 2, 2, 2),
         ),
         (
+            "nhwc16 channels 40 2x80x7x9 -> 80 k3 s1 p1 g2",
+            g(2, 80, 7, 9, 80, 3, 1, 1, 2),
+        ),
+        (
             "nhwc batch1 1x16x5x5 -> 16 k3 s1 p0",
             g(1, 16, 5, 5, 16, 3, 1, 0, 1),
         ),
@@ -486,6 +490,25 @@ fn transpose(c: &mut Ctx) -> Result<()> {
             "transpose",
             &format!("{case} tail untouched"),
             &[tail_kept as u8 as f32],
+            &[1.0],
+            0.0,
+        );
+        // bf16 storage: each float of the destination holds two bf16
+        // values, the first in its low half; must match bit for bit.
+        let want16 = host::backend::cpu::layout::transpose_bf16(&src, b, r, cols);
+        let mut gdst = c.gpu.poisoned(want16.len().div_ceil(2))?;
+        c.gpu.transpose_bf16(&gsrc, &mut gdst, b, r, cols)?;
+        let words = c.gpu.download(&gdst)?;
+        let got16: Vec<u16> = words
+            .iter()
+            .flat_map(|w| [w.to_bits() as u16, (w.to_bits() >> 16) as u16])
+            .take(want16.len())
+            .collect();
+        let same = got16 == want16;
+        c.check(
+            "transpose_bf16",
+            &format!("{case} bitwise"),
+            &[same as u8 as f32],
             &[1.0],
             0.0,
         );

@@ -17,8 +17,8 @@
 
 use crate::device::{bdim_x, bid_x, bid_z, block_sum, shared, tid_x};
 use crate::gemm::{
-    BK, Epilogue, Operand, SLOT_STRIDE, Strided, VSLOT_STRIDE, VStrided, VecOperand, gemm_kernels,
-    gemm_tile, gemm_tile_v, split_range,
+    BK, Epilogue, Operand, SLOT_STRIDE, Strided, VStrided, VecOperand, elem_at, gemm_kernels,
+    gemm_tile, gemm_tile_v, split_range, vbk,
 };
 
 /// Convolution shape, passed by value to every conv kernel.
@@ -69,9 +69,15 @@ struct Step {
 impl Step {
     #[inline(always)]
     fn new(h: u32, l: u32) -> Self {
-        let r = BK % (h * l);
+        Self::with(BK, h, l)
+    }
+
+    /// The step `bk` (instead of `BK`) in the same radix.
+    #[inline(always)]
+    fn with(bk: u32, h: u32, l: u32) -> Self {
+        let r = bk % (h * l);
         Step {
-            top: BK / (h * l),
+            top: bk / (h * l),
             hi: r / l,
             lo: r % l,
         }
@@ -610,89 +616,99 @@ pub unsafe extern "ptx-kernel" fn conv_backward_bias(
 }
 
 // ---------------------------------------------------------------------------
-// Channels-last products on the vector engine (`gemm::gemm_tile_v`, TF32 and
-// bf16). The launcher transposes x and dy to NHWC (`layout::transpose`) and
-// the filter bank to the k order each product reads, so that 16 consecutive
-// k of a gathered patch are 16 consecutive channels at one tap: four 16-byte
-// copies. Results are written in the usual NCHW / OIHW layouts.
-// - forward: k = (kh, kw, c), A = w as [F][KH][KW][Cg]; needs Cg % 16 = 0.
-// - data:    k = (kh, kw, f), A = w as [G][Cg][KH][KW][Fg]; needs Fg % 16 = 0.
+// Channels-last products on the vector engine (`gemm::gemm_tile_v`). The
+// launcher transposes x and dy to NHWC (`layout::transpose`, or
+// `transpose_bf16` for bf16 storage) and the filter bank to the k order each
+// product reads, so that consecutive k of a gathered patch are consecutive
+// channels at one tap: 16-byte copies. Results are written in the usual
+// NCHW / OIHW layouts, in fp32. `_nhwc_tf32` / `_nhwc_bf16` read fp32
+// operands (tiles 16 deep); `_nhwc16_bf16` reads bf16 operands (32 deep).
+// - forward: k = (kh, kw, c), A = w as [F][KH][KW][Cg]; needs Cg a multiple
+//   of 16 (fp32) or of 8 and at least 32 (bf16).
+// - data:    k = (kh, kw, f), A = w as [G][Cg][KH][KW][Fg]; the same on Fg.
 // - filter:  k = (n, oh, ow), N index (kh, kw, c); A = dy (NHWC), B = x
-//   (NHWC) both copied along their channels; needs Cg % 4 = Fg % 4 = 0.
+//   (NHWC) both copied along their channels; needs Cg and Fg multiples of
+//   the vector length (4 fp32, 8 bf16).
+// A thread's B operand has one slot (B tiles are 64 wide).
 // ---------------------------------------------------------------------------
 
-/// x (NHWC) gathered as B((kh,kw,c), (n,oh,ow)) for one group, K-major.
-struct NhwcPatches {
+/// Moves a channel index `c` (limit `cg`) one tile along k and returns
+/// whether it wrapped to the next tap (at most once: `cg` ≥ the tile depth).
+#[inline(always)]
+fn next_channel(c: &mut u32, cg: u32, bk: u32) -> bool {
+    *c += bk;
+    if *c >= cg {
+        *c -= cg;
+        true
+    } else {
+        false
+    }
+}
+
+/// x (NHWC, fp32 or bf16 when `H`) gathered as B((kh,kw,c), (n,oh,ow)) for
+/// one group, K-major.
+struct NhwcPatches<const H: bool> {
     x: *const f32,
     s: ConvShape,
     g: u32,
 }
 
-/// An `NhwcPatches` cursor: the shared tap (kh, kw) and channel c (as `tap` =
-/// (kh·W + kw)·C + c) and per slot j the window origin `(ih0, iw0)` and the
-/// offset of that pixel's group channels (wrapping: it may lie outside x).
+/// An `NhwcPatches` cursor: the tap (kh, kw) and channel c (as `tap` =
+/// (kh·W + kw)·C + c), the window origin `(ih0, iw0)` and the offset of that
+/// pixel's group channels (wrapping: it may lie outside x).
 #[derive(Clone, Copy)]
 struct NhwcPatchCursor {
-    pix: [usize; 2],
-    ih0: [i32; 2],
-    iw0: [i32; 2],
+    pix: usize,
+    ih0: i32,
+    iw0: i32,
     kh: u32,
     kw: u32,
     c: u32,
     tap: usize,
 }
 
-impl NhwcPatches {
+impl<const H: bool> NhwcPatches<H> {
     #[inline(always)]
     fn tap(&self, kh: u32, kw: u32, c: u32) -> usize {
         (kh * self.s.w + kw) as usize * self.s.c_in as usize + c as usize
     }
 }
 
-impl VecOperand for NhwcPatches {
+impl<const H: bool> VecOperand for NhwcPatches<H> {
     const K_MAJOR: bool = true;
+    const HALF: bool = H;
     type Cursor = NhwcPatchCursor;
     #[inline(always)]
-    fn open(&self, k: u32, n0: u32) -> NhwcPatchCursor {
+    fn open(&self, k: u32, n: u32, _: u32, _: u32) -> NhwcPatchCursor {
         let s = &self.s;
         let (r, c) = (k / s.cg(), k % s.cg());
         let (kh, kw) = (r / s.kw, r % s.kw);
-        let mut cur = NhwcPatchCursor {
-            pix: [0; 2],
-            ih0: [0; 2],
-            iw0: [0; 2],
+        let (img, p) = (n / (s.oh * s.ow), n % (s.oh * s.ow));
+        let ih0 = ((p / s.ow) * s.stride) as i32 - s.pad as i32;
+        let iw0 = ((p % s.ow) * s.stride) as i32 - s.pad as i32;
+        let within = (img as isize * s.h as isize + ih0 as isize) * s.w as isize + iw0 as isize;
+        NhwcPatchCursor {
+            pix: ((within * s.c_in as isize) as usize).wrapping_add((self.g * s.cg()) as usize),
+            ih0,
+            iw0,
             kh,
             kw,
             c,
             tap: self.tap(kh, kw, c),
-        };
-        for j in 0..2 {
-            let n = n0 + VSLOT_STRIDE * j as u32;
-            let (img, p) = (n / (s.oh * s.ow), n % (s.oh * s.ow));
-            let ih0 = ((p / s.ow) * s.stride) as i32 - s.pad as i32;
-            let iw0 = ((p % s.ow) * s.stride) as i32 - s.pad as i32;
-            cur.ih0[j] = ih0;
-            cur.iw0[j] = iw0;
-            let within = (img as isize * s.h as isize + ih0 as isize) * s.w as isize + iw0 as isize;
-            cur.pix[j] = ((within * s.c_in as isize) as usize).wrapping_add((self.g * s.cg()) as usize);
         }
-        cur
     }
     #[inline(always)]
-    fn src(&self, c: &NhwcPatchCursor, j: usize) -> Option<*const f32> {
-        let (ih, iw) = (c.ih0[j] + c.kh as i32, c.iw0[j] + c.kw as i32);
+    fn src(&self, c: &NhwcPatchCursor, _: usize) -> Option<*const f32> {
+        let (ih, iw) = (c.ih0 + c.kh as i32, c.iw0 + c.kw as i32);
         if (ih as u32) < self.s.h && (iw as u32) < self.s.w {
-            Some(self.x.wrapping_add(c.pix[j].wrapping_add(c.tap)))
+            Some(elem_at(self.x, c.pix.wrapping_add(c.tap), H))
         } else {
             None
         }
     }
     #[inline(always)]
     fn step(&self, c: &mut NhwcPatchCursor) {
-        // Cg is a multiple of BK: the channel wraps at most once per step.
-        c.c += BK;
-        if c.c >= self.s.cg() {
-            c.c -= self.s.cg();
+        if next_channel(&mut c.c, self.s.cg(), vbk(H)) {
             c.kw += 1;
             if c.kw == self.s.kw {
                 c.kw = 0;
@@ -707,10 +723,12 @@ impl VecOperand for NhwcPatches {
     }
 }
 
-/// Convolution forward from NHWC x and `[F][KH][KW][Cg]` weights `wt`;
-/// writes y (NCHW) like `conv_forward`. Grid (⌈N·OH·OW/64⌉, ⌈Fg/BM⌉, G),
-/// `gemm::vshared_bytes(wide)` of dynamic shared memory.
-unsafe fn conv_forward_nhwc_impl<const MODE: u8, const WIDE: bool>(
+/// Convolution forward from NHWC x and `[F][KH][KW][Cg]` weights `wt` (fp32,
+/// or bf16 when `H`); writes y (NCHW) like `conv_forward`. Grid
+/// (⌈N·OH·OW/64⌉, ⌈Fg/BM⌉, G), `gemm::vshared_bytes(wide)` of dynamic
+/// shared memory.
+#[inline(always)]
+unsafe fn conv_forward_nhwc_any<const MODE: u8, const WIDE: bool, const H: bool>(
     s: ConvShape,
     x: *const f32,
     wt: *const f32,
@@ -719,67 +737,85 @@ unsafe fn conv_forward_nhwc_impl<const MODE: u8, const WIDE: bool>(
 ) {
     let g = bid_z();
     let k_len = s.cg() * s.kk();
-    let a = VStrided::<true> {
-        p: wt.wrapping_add((g * s.fg() * k_len) as usize),
+    let a = VStrided::<true, H> {
+        p: elem_at(wt, (g * s.fg() * k_len) as usize, H),
         ks: 1,
         is: k_len as usize,
     };
-    let b = NhwcPatches { x, s, g };
+    let b = NhwcPatches::<H> { x, s, g };
     let e = StoreOutput { y, bias, s, g };
-    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE>(&a, &b, &e, s.fg(), s.n * s.oh * s.ow, 0, k_len) };
+    let n = s.n * s.oh * s.ow;
+    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, H>(&a, &b, &e, s.fg(), n, 0, k_len) };
+}
+
+unsafe fn conv_forward_nhwc_impl<const MODE: u8, const WIDE: bool>(
+    s: ConvShape,
+    x: *const f32,
+    wt: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+) {
+    unsafe { conv_forward_nhwc_any::<MODE, WIDE, false>(s, x, wt, bias, y) }
+}
+
+unsafe fn conv_forward_nhwc16_impl<const MODE: u8, const WIDE: bool>(
+    s: ConvShape,
+    x: *const f32,
+    wt: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+) {
+    unsafe { conv_forward_nhwc_any::<MODE, WIDE, true>(s, x, wt, bias, y) }
 }
 
 gemm_kernels!(conv_forward_nhwc_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_nhwc_tf32: TF32, false; conv_forward_nhwc_bf16: BF16, false; conv_forward_nhwc_tf32_wide: TF32, true; conv_forward_nhwc_bf16_wide: BF16, true);
+gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
+    conv_forward_nhwc16_bf16: BF16, false; conv_forward_nhwc16_bf16_wide: BF16, true);
 
-/// dy (NHWC) gathered as B((kh,kw,f), (n,ih,iw)) for one group, K-major.
-struct NhwcGradPatches {
+/// dy (NHWC, fp32 or bf16 when `H`) gathered as B((kh,kw,f), (n,ih,iw)) for
+/// one group, K-major.
+struct NhwcGradPatches<const H: bool> {
     dy: *const f32,
     s: ConvShape,
     g: u32,
 }
 
-/// An `NhwcGradPatches` cursor: the shared tap and filter f, and per slot j
-/// the offset of its image's group channels in dy and `(ih+p, iw+p)`.
+/// An `NhwcGradPatches` cursor: the tap and filter f, the offset of the
+/// image's group channels in dy and `(ih+p, iw+p)`.
 #[derive(Clone, Copy)]
 struct NhwcGradCursor {
-    img: [usize; 2],
-    th0: [i32; 2],
-    tw0: [i32; 2],
+    img: usize,
+    th0: i32,
+    tw0: i32,
     kh: u32,
     kw: u32,
     f: u32,
 }
 
-impl VecOperand for NhwcGradPatches {
+impl<const H: bool> VecOperand for NhwcGradPatches<H> {
     const K_MAJOR: bool = true;
+    const HALF: bool = H;
     type Cursor = NhwcGradCursor;
     #[inline(always)]
-    fn open(&self, k: u32, n0: u32) -> NhwcGradCursor {
+    fn open(&self, k: u32, n: u32, _: u32, _: u32) -> NhwcGradCursor {
         let s = &self.s;
         let (r, f) = (k / s.fg(), k % s.fg());
-        let mut cur = NhwcGradCursor {
-            img: [0; 2],
-            th0: [0; 2],
-            tw0: [0; 2],
+        let (img, p) = (n / (s.h * s.w), n % (s.h * s.w));
+        NhwcGradCursor {
+            img: img as usize * (s.oh * s.ow * s.c_out) as usize + (self.g * s.fg()) as usize,
+            th0: (p / s.w + s.pad) as i32,
+            tw0: (p % s.w + s.pad) as i32,
             kh: r / s.kw,
             kw: r % s.kw,
             f,
-        };
-        for j in 0..2 {
-            let n = n0 + VSLOT_STRIDE * j as u32;
-            let (img, p) = (n / (s.h * s.w), n % (s.h * s.w));
-            cur.img[j] = img as usize * (s.oh * s.ow * s.c_out) as usize + (self.g * s.fg()) as usize;
-            cur.th0[j] = (p / s.w + s.pad) as i32;
-            cur.tw0[j] = (p % s.w + s.pad) as i32;
         }
-        cur
     }
     #[inline(always)]
-    fn src(&self, c: &NhwcGradCursor, j: usize) -> Option<*const f32> {
+    fn src(&self, c: &NhwcGradCursor, _: usize) -> Option<*const f32> {
         let s = &self.s;
-        let th = c.th0[j] - c.kh as i32;
-        let tw = c.tw0[j] - c.kw as i32;
+        let th = c.th0 - c.kh as i32;
+        let tw = c.tw0 - c.kw as i32;
         let (oh, ow) = if s.stride == 1 {
             (th as u32, tw as u32)
         } else {
@@ -797,13 +833,11 @@ impl VecOperand for NhwcGradPatches {
             return None;
         }
         let at = (oh * s.ow + ow) as usize * s.c_out as usize + c.f as usize;
-        Some(self.dy.wrapping_add(c.img[j] + at))
+        Some(elem_at(self.dy, c.img + at, H))
     }
     #[inline(always)]
     fn step(&self, c: &mut NhwcGradCursor) {
-        c.f += BK;
-        if c.f >= self.s.fg() {
-            c.f -= self.s.fg();
+        if next_channel(&mut c.f, self.s.fg(), vbk(H)) {
             c.kw += 1;
             if c.kw == self.s.kw {
                 c.kw = 0;
@@ -818,9 +852,11 @@ impl VecOperand for NhwcGradPatches {
 }
 
 /// Convolution data gradient from NHWC dy and `[G][Cg][KH][KW][Fg]` weights
-/// `wt`; writes dx (NCHW) like `conv_backward_data`. Grid (⌈N·H·W/64⌉,
-/// ⌈Cg/BM⌉, G), `gemm::vshared_bytes(wide)` of dynamic shared memory.
-unsafe fn conv_backward_data_nhwc_impl<const MODE: u8, const WIDE: bool>(
+/// `wt` (fp32, or bf16 when `H`); writes dx (NCHW) like
+/// `conv_backward_data`. Grid (⌈N·H·W/64⌉, ⌈Cg/BM⌉, G),
+/// `gemm::vshared_bytes(wide)` of dynamic shared memory.
+#[inline(always)]
+unsafe fn conv_backward_data_nhwc_any<const MODE: u8, const WIDE: bool, const H: bool>(
     s: ConvShape,
     dy: *const f32,
     wt: *const f32,
@@ -828,74 +864,88 @@ unsafe fn conv_backward_data_nhwc_impl<const MODE: u8, const WIDE: bool>(
 ) {
     let g = bid_z();
     let k_len = s.fg() * s.kk();
-    let a = VStrided::<true> {
-        p: wt.wrapping_add((g * s.cg() * k_len) as usize),
+    let a = VStrided::<true, H> {
+        p: elem_at(wt, (g * s.cg() * k_len) as usize, H),
         ks: 1,
         is: k_len as usize,
     };
-    let b = NhwcGradPatches { dy, s, g };
+    let b = NhwcGradPatches::<H> { dy, s, g };
     let e = StoreInputGrad { dx, s, g };
-    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE>(&a, &b, &e, s.cg(), s.n * s.h * s.w, 0, k_len) };
+    let n = s.n * s.h * s.w;
+    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, H>(&a, &b, &e, s.cg(), n, 0, k_len) };
+}
+
+unsafe fn conv_backward_data_nhwc_impl<const MODE: u8, const WIDE: bool>(
+    s: ConvShape,
+    dy: *const f32,
+    wt: *const f32,
+    dx: *mut f32,
+) {
+    unsafe { conv_backward_data_nhwc_any::<MODE, WIDE, false>(s, dy, wt, dx) }
+}
+
+unsafe fn conv_backward_data_nhwc16_impl<const MODE: u8, const WIDE: bool>(
+    s: ConvShape,
+    dy: *const f32,
+    wt: *const f32,
+    dx: *mut f32,
+) {
+    unsafe { conv_backward_data_nhwc_any::<MODE, WIDE, true>(s, dy, wt, dx) }
 }
 
 gemm_kernels!(conv_backward_data_nhwc_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32) =>
     conv_backward_data_nhwc_tf32: TF32, false; conv_backward_data_nhwc_bf16: BF16, false; conv_backward_data_nhwc_tf32_wide: TF32, true; conv_backward_data_nhwc_bf16_wide: BF16, true);
+gemm_kernels!(conv_backward_data_nhwc16_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32) =>
+    conv_backward_data_nhwc16_bf16: BF16, false; conv_backward_data_nhwc16_bf16_wide: BF16, true);
 
-/// x (NHWC) gathered as B((n,oh,ow), (kh,kw,c)) for one group, copied along
-/// c (four channels of one tap per vector).
-struct NhwcPatchesT {
+/// x (NHWC, fp32 or bf16 when `H`) gathered as B((n,oh,ow), (kh,kw,c)) for
+/// one group, copied along c (one tap's channels per vector).
+struct NhwcPatchesT<const H: bool> {
     x: *const f32,
     s: ConvShape,
     g: u32,
     step: Step,
 }
 
-/// An `NhwcPatchesT` cursor: the shared output position (image offset
-/// `img_off`, oh, ow) and per slot j its channel offset and tap offset
-/// `(kh−p, kw−p)`.
+/// An `NhwcPatchesT` cursor: the output position (image offset `img_off`,
+/// oh, ow), the column's channel offset and its tap offset `(kh−p, kw−p)`.
 #[derive(Clone, Copy)]
 struct NhwcPositionCursor {
     img_off: usize,
     oh: u32,
     ow: u32,
-    chan: [usize; 2],
-    dh: [i32; 2],
-    dw: [i32; 2],
+    chan: usize,
+    dh: i32,
+    dw: i32,
 }
 
-impl VecOperand for NhwcPatchesT {
+impl<const H: bool> VecOperand for NhwcPatchesT<H> {
     const K_MAJOR: bool = false;
+    const HALF: bool = H;
     type Cursor = NhwcPositionCursor;
     #[inline(always)]
-    fn open(&self, k: u32, n0: u32) -> NhwcPositionCursor {
+    fn open(&self, k: u32, n: u32, _: u32, _: u32) -> NhwcPositionCursor {
         let s = &self.s;
         let ohw = s.oh * s.ow;
         let (img, p) = (k / ohw, k % ohw);
-        let mut cur = NhwcPositionCursor {
+        let (r, c) = (n / s.cg(), n % s.cg());
+        NhwcPositionCursor {
             img_off: img as usize * (s.h * s.w * s.c_in) as usize,
             oh: p / s.ow,
             ow: p % s.ow,
-            chan: [0; 2],
-            dh: [0; 2],
-            dw: [0; 2],
-        };
-        for j in 0..2 {
-            let n = n0 + VSLOT_STRIDE * j as u32;
-            let (r, c) = (n / s.cg(), n % s.cg());
-            cur.chan[j] = (self.g * s.cg() + c) as usize;
-            cur.dh[j] = (r / s.kw) as i32 - s.pad as i32;
-            cur.dw[j] = (r % s.kw) as i32 - s.pad as i32;
+            chan: (self.g * s.cg() + c) as usize,
+            dh: (r / s.kw) as i32 - s.pad as i32,
+            dw: (r % s.kw) as i32 - s.pad as i32,
         }
-        cur
     }
     #[inline(always)]
-    fn src(&self, c: &NhwcPositionCursor, j: usize) -> Option<*const f32> {
+    fn src(&self, c: &NhwcPositionCursor, _: usize) -> Option<*const f32> {
         let s = &self.s;
-        let ih = (c.oh * s.stride) as i32 + c.dh[j];
-        let iw = (c.ow * s.stride) as i32 + c.dw[j];
+        let ih = (c.oh * s.stride) as i32 + c.dh;
+        let iw = (c.ow * s.stride) as i32 + c.dw;
         if (ih as u32) < s.h && (iw as u32) < s.w {
             let at = (ih as usize * s.w as usize + iw as usize) * s.c_in as usize;
-            Some(self.x.wrapping_add(c.img_off + at + c.chan[j]))
+            Some(elem_at(self.x, c.img_off + at + c.chan, H))
         } else {
             None
         }
@@ -930,11 +980,12 @@ impl Epilogue for StoreFilterGradNhwc {
     }
 }
 
-/// Convolution weight gradient from NHWC x and dy, one split-K slice per z;
-/// writes dw (or its partials in `ws`) like `conv_backward_filter`. Grid
-/// (⌈Cg·KH·KW/64⌉, ⌈Fg/BM⌉, G·splits), `gemm::vshared_bytes(wide)` of
-/// dynamic shared memory.
-unsafe fn conv_backward_filter_nhwc_impl<const MODE: u8, const WIDE: bool>(
+/// Convolution weight gradient from NHWC x and dy (fp32, or bf16 when `H`),
+/// one split-K slice per z; writes dw (or its partials in `ws`) like
+/// `conv_backward_filter`. Grid (⌈Cg·KH·KW/64⌉, ⌈Fg/BM⌉, G·splits),
+/// `gemm::vshared_bytes(wide)` of dynamic shared memory.
+#[inline(always)]
+unsafe fn conv_backward_filter_nhwc_any<const MODE: u8, const WIDE: bool, const H: bool>(
     s: ConvShape,
     x: *const f32,
     dy: *const f32,
@@ -945,21 +996,43 @@ unsafe fn conv_backward_filter_nhwc_impl<const MODE: u8, const WIDE: bool>(
     let (k_begin, k_end) = split_range(s.n * s.oh * s.ow, splits, slice);
     let n_len = s.cg() * s.kk();
     let dw_len = s.c_out as usize * n_len as usize;
-    let a = VStrided::<false> {
-        p: dy.wrapping_add((g * s.fg()) as usize),
+    let a = VStrided::<false, H> {
+        p: elem_at(dy, (g * s.fg()) as usize, H),
         ks: s.c_out as usize,
         is: 1,
     };
-    let b = NhwcPatchesT {
+    let b = NhwcPatchesT::<H> {
         x,
         s,
         g,
-        step: Step::new(s.oh, s.ow),
+        step: Step::with(vbk(H), s.oh, s.ow),
     };
     let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
     let e = StoreFilterGradNhwc { ws, offset, s };
-    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE>(&a, &b, &e, s.fg(), n_len, k_begin, k_end) };
+    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, H>(&a, &b, &e, s.fg(), n_len, k_begin, k_end) };
+}
+
+unsafe fn conv_backward_filter_nhwc_impl<const MODE: u8, const WIDE: bool>(
+    s: ConvShape,
+    x: *const f32,
+    dy: *const f32,
+    ws: *mut f32,
+    splits: u32,
+) {
+    unsafe { conv_backward_filter_nhwc_any::<MODE, WIDE, false>(s, x, dy, ws, splits) }
+}
+
+unsafe fn conv_backward_filter_nhwc16_impl<const MODE: u8, const WIDE: bool>(
+    s: ConvShape,
+    x: *const f32,
+    dy: *const f32,
+    ws: *mut f32,
+    splits: u32,
+) {
+    unsafe { conv_backward_filter_nhwc_any::<MODE, WIDE, true>(s, x, dy, ws, splits) }
 }
 
 gemm_kernels!(conv_backward_filter_nhwc_impl (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
     conv_backward_filter_nhwc_tf32: TF32, false; conv_backward_filter_nhwc_bf16: BF16, false; conv_backward_filter_nhwc_tf32_wide: TF32, true; conv_backward_filter_nhwc_bf16_wide: BF16, true);
+gemm_kernels!(conv_backward_filter_nhwc16_impl (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
+    conv_backward_filter_nhwc16_bf16: BF16, false; conv_backward_filter_nhwc16_bf16_wide: BF16, true);

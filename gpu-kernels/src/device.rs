@@ -368,3 +368,24 @@ pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
     };
     [a, b, c, d]
 }
+
+/// [`ldmatrix_x4`] with `.trans`: lane l receives, from each matrix, the two
+/// 16-bit elements of column `l / 4` at rows `2·(l % 4)` and `2·(l % 4) + 1`
+/// (the lower row in the low half), i.e. a bf16 `mma` fragment register
+/// from a tile stored with k along the rows.
+#[inline(always)]
+pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!(
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{a},{b},{c},{d}}}, [{addr}];",
+            addr = in(reg32) addr,
+            a = out(reg32) a,
+            b = out(reg32) b,
+            c = out(reg32) c,
+            d = out(reg32) d,
+            options(readonly, nostack, preserves_flags),
+        )
+    };
+    [a, b, c, d]
+}

@@ -35,7 +35,7 @@
 
 use crate::device::{
     bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
-    ld_shared_v4, ldmatrix_x4, mma_bf16, mma_tf32, pack_bf16, shared, shared_addr, sync_threads,
+    ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared, shared_addr, sync_threads,
     tid_x, to_tf32,
 };
 use core::arch::asm;
@@ -534,9 +534,9 @@ unsafe fn fc_forward_any<const MODE: u8, const WIDE: bool, const VEC: bool>(
     };
     let (m, n) = (batch, outputs);
     if VEC {
-        let a = VStrided::<true> { p: x, ks: 1, is: ni };
-        let b = VStrided::<true> { p: w, ks: 1, is: ni };
-        unsafe { gemm_tile_v::<_, _, _, MODE, WIDE>(&a, &b, &e, m, n, k_begin, k_end) };
+        let a = VStrided::<true, false> { p: x, ks: 1, is: ni };
+        let b = VStrided::<true, false> { p: w, ks: 1, is: ni };
+        unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, false>(&a, &b, &e, m, n, k_begin, k_end) };
     } else {
         let a = Strided::<true> { p: x, ks: 1, is: ni };
         let b = Strided::<true> { p: w, ks: 1, is: ni };
@@ -602,9 +602,9 @@ unsafe fn fc_backward_data_any<const MODE: u8, const WIDE: bool, const VEC: bool
     };
     let (m, n) = (batch, inputs);
     if VEC {
-        let a = VStrided::<true> { p: dy, ks: 1, is: no };
-        let b = VStrided::<false> { p: w, ks: ni, is: 1 };
-        unsafe { gemm_tile_v::<_, _, _, MODE, WIDE>(&a, &b, &e, m, n, k_begin, k_end) };
+        let a = VStrided::<true, false> { p: dy, ks: 1, is: no };
+        let b = VStrided::<false, false> { p: w, ks: ni, is: 1 };
+        unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, false>(&a, &b, &e, m, n, k_begin, k_end) };
     } else {
         let a = Strided::<true> { p: dy, ks: 1, is: no };
         let b = Strided::<false> { p: w, ks: ni, is: 1 };
@@ -663,9 +663,9 @@ unsafe fn fc_backward_filter_any<const MODE: u8, const WIDE: bool, const VEC: bo
         bias_by_row: false,
     };
     if VEC {
-        let a = VStrided::<false> { p: dy, ks: no, is: 1 };
-        let b = VStrided::<false> { p: x, ks: ni, is: 1 };
-        unsafe { gemm_tile_v::<_, _, _, MODE, WIDE>(&a, &b, &e, outputs, inputs, 0, batch) };
+        let a = VStrided::<false, false> { p: dy, ks: no, is: 1 };
+        let b = VStrided::<false, false> { p: x, ks: ni, is: 1 };
+        unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, false>(&a, &b, &e, outputs, inputs, 0, batch) };
     } else {
         let a = Strided::<false> { p: dy, ks: no, is: 1 };
         let b = Strided::<false> { p: x, ks: ni, is: 1 };
@@ -724,15 +724,31 @@ pub unsafe extern "ptx-kernel" fn splitk_reduce(
     }
 }
 
-/// Rows of a K-major shared tile, in floats: 16 k plus 4 of padding (80
-/// bytes, so the eight 16-byte rows of an `ldmatrix` phase hit 32 banks).
-const VK_STRIDE: u32 = BK + 4;
-/// Rows/columns of a tile that one copy slot of the vector engine covers.
+/// Bytes of one row of a K-major shared tile of the vector engine: 64 bytes
+/// of k (16 fp32 or 32 bf16) and 16 of padding, so the eight 16-byte rows
+/// of an `ldmatrix` phase hit 32 distinct banks.
+const VROW_BYTES: u32 = 80;
+/// Rows/columns of a tile between a thread's copy slots (but see
+/// [`gemm_tile_v`] for bf16 row-major tiles).
 pub const VSLOT_STRIDE: u32 = 64;
-/// Floats of one stage of the vector engine: an A tile of `bm(wide)` rows and
+/// k per shared tile of the vector engine: 16 fp32 or 32 bf16 (64 bytes).
+pub const fn vbk(half: bool) -> u32 {
+    if half { 32 } else { 16 }
+}
+/// Elements of one 16-byte copy.
+const fn vlen(half: bool) -> u32 {
+    if half { 8 } else { 4 }
+}
+/// Bytes between k rows of a row-major (`[k][row]`) tile of `rows`: padded
+/// by 16 bytes (fp32) or 16 bytes (bf16) so fragment reads spread over the
+/// banks.
+const fn rm_stride(half: bool, rows: u32) -> u32 {
+    if half { (rows + 8) * 2 } else { (rows + 4) * 4 }
+}
+/// Bytes of one stage of the vector engine: an A tile of `bm(wide)` rows and
 /// a B tile of 64, each sized for the K-major layout (the larger one).
-const fn vstage_floats(wide: bool) -> u32 {
-    (bm(wide) + BN) * VK_STRIDE
+const fn vstage_bytes(wide: bool) -> u32 {
+    (bm(wide) + BN) * VROW_BYTES
 }
 /// Shared-memory K tiles in the vector engine's pipeline.
 pub const fn vstages(wide: bool) -> u32 {
@@ -740,24 +756,38 @@ pub const fn vstages(wide: bool) -> u32 {
 }
 /// Dynamic shared memory of the vector engine, in bytes (under 48 KiB).
 pub const fn vshared_bytes(wide: bool) -> u32 {
-    vstages(wide) * vstage_floats(wide) * 4
+    vstages(wide) * vstage_bytes(wide)
 }
 
-/// An operand of the vector engine ([`gemm_tile_v`]), copied four floats (16
-/// bytes, aligned) at a time. `K_MAJOR`: the four run along k, and the
-/// shared tile is `[row][k]` (rows of `VK_STRIDE` floats, read with
-/// `ldmatrix`); otherwise they run along rows of A / columns of B and the tile
-/// is `[k][row]` (rows of BM + 4 or 68 floats, read element by element). A
-/// thread's vectors share one k and sit at rows/columns `i0 + 64·j`; as in
-/// [`Operand`], one cursor per thread is opened once and stepped `BK` along k.
+/// Address of element `off` of an operand stored as fp32 or, when `half`,
+/// as bf16 (a `u16` array behind the same pointer).
+#[inline(always)]
+pub fn elem_at(p: *const f32, off: usize, half: bool) -> *const f32 {
+    if half {
+        (p as *const u16).wrapping_add(off) as *const f32
+    } else {
+        p.wrapping_add(off)
+    }
+}
+
+/// An operand of the vector engine ([`gemm_tile_v`]), stored as fp32 or
+/// (`HALF`) bf16 and copied 16 bytes (4 or 8 elements, aligned) at a time.
+/// `K_MAJOR`: a vector runs along k and the shared tile is `[row][k]` (read
+/// with `ldmatrix`); otherwise it runs along rows of A / columns of B and the
+/// tile is `[k][row]`. As in [`Operand`], a thread opens one cursor once and
+/// steps it `vbk(HALF)` along k each tile; its vectors ("slots") lie at fixed
+/// displacements from the cursor.
 pub trait VecOperand {
     const K_MAJOR: bool;
+    const HALF: bool;
     type Cursor: Copy;
-    /// A cursor at `k` for rows/columns `i0 + 64·j`; no memory is touched.
-    fn open(&self, k: u32, i0: u32) -> Self::Cursor;
-    /// Address of vector j under the cursor, `None` where it is zero; called
-    /// only for vectors inside the operand.
+    /// A cursor at `k` for row/column `i0`; slot j sits `j·dk` further along
+    /// k and `j·di` further along the rows/columns. No memory is touched.
+    fn open(&self, k: u32, i0: u32, dk: u32, di: u32) -> Self::Cursor;
+    /// Address of slot j's vector, `None` where it is zero; called only for
+    /// vectors inside the operand.
     fn src(&self, c: &Self::Cursor, j: usize) -> Option<*const f32>;
+    /// Moves the cursor `vbk(HALF)` along k.
     fn step(&self, c: &mut Self::Cursor);
     fn base(&self) -> *const f32;
 }
@@ -765,17 +795,33 @@ pub trait VecOperand {
 /// The vector engine: the same `bm(WIDE)`×64 tile, warps, accumulators and
 /// epilogue as [`gemm_tile`] (TF32 or BF16 only), with operands copied in
 /// 16-byte `cp.async` vectors, 1 or 2 per thread per tile. The launcher
-/// guarantees whole vectors: `k_end − k_begin` a multiple of 4 for a K-major
-/// operand, `m_total` / `n_total` multiples of 4 for the others.
+/// guarantees whole vectors: `k_end − k_begin` a multiple of the vector
+/// length for a K-major operand, `m_total` / `n_total` multiples of it for
+/// the others.
 ///
-/// Fragments of a K-major tile come from `ldmatrix`: one `x4` gives a TF32
-/// A fragment (16 rows × 8 k) or a B fragment pair (8 columns × 16 k). For
-/// bf16, k is permuted inside each 16-deep tile, the same way for A and B
-/// (so the products are unchanged): the register the `mma` reads as k
-/// `(2t, 2t+1)` holds k `(t, t+4)` and `(2t+8, 2t+9)` holds `(t+8, t+12)`,
-/// which is what four 4-wide `ldmatrix` columns deliver.
+/// `HALF` (bf16 products only): both operands are stored as bf16, a tile is
+/// 32 deep, and every fragment comes straight from `ldmatrix` (`.trans` for
+/// `[k][row]` tiles) with no conversion. Thread placement per operand tile
+/// of R rows: K-major, k = vlen·(tid % 4), row tid / 4, slots 64 rows apart;
+/// row-major fp32, k = tid / 16, rows 4·(tid % 16), slots 64 rows apart;
+/// row-major bf16, rows 8·(tid % (R/8)), k = tid / (R/8), slots 16 k apart.
+///
+/// fp32 storage: fragments of a K-major tile come from `ldmatrix` (one `x4`
+/// is a TF32 A fragment, 16 rows × 8 k, or a B fragment pair, 8 columns ×
+/// 16 k), those of a row-major one from scalar loads. For bf16, k is
+/// permuted inside each 16-deep tile, the same way for A and B (so the
+/// products are unchanged): the register the `mma` reads as k `(2t, 2t+1)`
+/// holds k `(t, t+4)` and `(2t+8, 2t+9)` holds `(t+8, t+12)`, which is what
+/// four 4-wide `ldmatrix` columns deliver.
 #[inline(always)]
-pub unsafe fn gemm_tile_v<A: VecOperand, B: VecOperand, E: Epilogue, const MODE: u8, const WIDE: bool>(
+pub unsafe fn gemm_tile_v<
+    A: VecOperand,
+    B: VecOperand,
+    E: Epilogue,
+    const MODE: u8,
+    const WIDE: bool,
+    const HALF: bool,
+>(
     a: &A,
     b: &B,
     e: &E,
@@ -788,47 +834,45 @@ pub unsafe fn gemm_tile_v<A: VecOperand, B: VecOperand, E: Epilogue, const MODE:
     let m0 = bid_y() * bm(WIDE);
     let n0 = bid_x() * BN;
     let smem_addr = shared_addr(shared::<f32>());
-    let stage_bytes = vstage_floats(WIDE) * 4;
-    let b_off = bm(WIDE) * VK_STRIDE * 4;
+    let stage_bytes = vstage_bytes(WIDE);
+    let b_off = bm(WIDE) * VROW_BYTES;
     let n_stages = vstages(WIDE);
+    let bk = vbk(HALF);
 
-    // Thread placement: K-major, k = 4·(tid % 4), row tid / 4 (+64·j);
-    // otherwise k = tid / 16, rows 4·(tid % 16) (+64·j). Returns (k, row,
-    // byte offset in the tile).
-    let place = |k_major: bool, rows: u32| -> (u32, u32, u32) {
+    // Returns (k, row, byte offset in the tile, slot dk, slot di, slot bytes).
+    let place = |k_major: bool, rows: u32| -> (u32, u32, u32, u32, u32, u32) {
+        let st = rm_stride(HALF, rows);
         if k_major {
-            let (k, r) = (4 * (tid % 4), tid / 4);
-            (k, r, (r * VK_STRIDE + k) * 4)
+            let (k, r) = (vlen(HALF) * (tid % 4), tid / 4);
+            let slot = VSLOT_STRIDE * VROW_BYTES;
+            (k, r, r * VROW_BYTES + 16 * (tid % 4), 0, VSLOT_STRIDE, slot)
+        } else if HALF {
+            let per_k = rows / 8;
+            let (k, r) = (tid / per_k, 8 * (tid % per_k));
+            let dk = THREADS / per_k;
+            (k, r, k * st + 2 * r, dk, 0, dk * st)
         } else {
             let (k, r) = (tid / 16, 4 * (tid % 16));
-            (k, r, (k * (rows + PAD) + r) * 4)
+            (k, r, k * st + 4 * r, 0, VSLOT_STRIDE, 4 * VSLOT_STRIDE)
         }
     };
-    let (a_k, a_i, a_dst) = place(A::K_MAJOR, bm(WIDE));
-    let (b_k, b_i, b_dst) = place(B::K_MAJOR, BN);
-    // Byte step of slot j in the tile.
-    let slot_bytes = |k_major: bool| if k_major { VSLOT_STRIDE * VK_STRIDE * 4 } else { VSLOT_STRIDE * 4 };
-    let (a_slot, b_slot) = (slot_bytes(A::K_MAJOR), slot_bytes(B::K_MAJOR));
-    let mut ca = a.open(k_begin + a_k, m0 + a_i);
-    let mut cb = b.open(k_begin + b_k, n0 + b_i);
+    let (a_k, a_i, a_dst, a_dk, a_di, a_slot) = place(A::K_MAJOR, bm(WIDE));
+    let (b_k, b_i, b_dst, _, _, _) = place(B::K_MAJOR, BN);
+    let mut ca = a.open(k_begin + a_k, m0 + a_i, a_dk, a_di);
+    let mut cb = b.open(k_begin + b_k, n0 + b_i, 0, 0);
     let (a_dummy, b_dummy) = (a.base(), b.base());
     let a_slots = bm(WIDE) / VSLOT_STRIDE;
 
     let mut issue = |stage: u32, k0: u32| {
         let base = smem_addr + stage * stage_bytes;
-        let a_in = k0 + a_k < k_end;
-        let b_in = k0 + b_k < k_end;
         for j in 0..2u32 {
             if j < a_slots {
-                let src = if a_in && m0 + a_i + VSLOT_STRIDE * j < m_total {
-                    a.src(&ca, j as usize)
-                } else {
-                    None
-                };
+                let inside = k0 + a_k + a_dk * j < k_end && m0 + a_i + a_di * j < m_total;
+                let src = if inside { a.src(&ca, j as usize) } else { None };
                 unsafe { cp_async_v4(base + a_dst + a_slot * j, src, a_dummy) };
             }
         }
-        let src = if b_in && n0 + b_i < n_total {
+        let src = if k0 + b_k < k_end && n0 + b_i < n_total {
             b.src(&cb, 0)
         } else {
             None
@@ -839,7 +883,7 @@ pub unsafe fn gemm_tile_v<A: VecOperand, B: VecOperand, E: Epilogue, const MODE:
     };
 
     let tiles = if k_end > k_begin {
-        (k_end - k_begin).div_ceil(BK)
+        (k_end - k_begin).div_ceil(bk)
     } else {
         0
     };
@@ -847,7 +891,7 @@ pub unsafe fn gemm_tile_v<A: VecOperand, B: VecOperand, E: Epilogue, const MODE:
     let mut write = 0u32;
     for t in 0..n_stages - 1 {
         if t < tiles {
-            issue(write, k_begin + t * BK);
+            issue(write, k_begin + t * bk);
         }
         cp_async_commit();
         write = next_stage(write);
@@ -864,14 +908,18 @@ pub unsafe fn gemm_tile_v<A: VecOperand, B: VecOperand, E: Epilogue, const MODE:
         sync_threads();
         let ahead = t + n_stages - 1;
         if ahead < tiles {
-            issue(write, k_begin + ahead * BK);
+            issue(write, k_begin + ahead * bk);
         }
         cp_async_commit();
         write = next_stage(write);
 
         let a_s = smem_addr + read * stage_bytes;
         let b_s = a_s + b_off;
-        unsafe { vmma_tile::<A, B, MODE, WIDE>(a_s, b_s, &mut acc) };
+        if HALF {
+            unsafe { vmma_tile_half::<A, B, WIDE>(a_s, b_s, &mut acc) };
+        } else {
+            unsafe { vmma_tile::<A, B, MODE, WIDE>(a_s, b_s, &mut acc) };
+        }
         read = next_stage(read);
     }
     cp_async_wait::<0>();
@@ -910,22 +958,22 @@ unsafe fn ld_shared_f32(addr: u32) -> f32 {
 /// The four fp32 words of one shared K tile (16 deep) that lane (g, t) of
 /// a warp needs for row/column `x0 + g` at k = t, t+4, t+8, t+12: from
 /// `ldmatrix` when `k_major` (tile `[x][k]`), else four loads from `[k][x]`
-/// with row stride `stride` floats.
+/// with rows of `stride` bytes.
 #[inline(always)]
 unsafe fn frag_words(k_major: bool, tile: u32, x0: u32, stride: u32) -> [u32; 4] {
     let lane = tid_x() % 32;
     if k_major {
         // Lanes 8i..8i+7 address rows x0..x0+7 at k = 4i.
-        let addr = tile + ((x0 + lane % 8) * VK_STRIDE + 4 * (lane / 8)) * 4;
+        let addr = tile + (x0 + lane % 8) * VROW_BYTES + 16 * (lane / 8);
         unsafe { ldmatrix_x4(addr) }
     } else {
         let (g, t) = (lane / 4, lane % 4);
-        let at = |k: u32| unsafe { ld_shared_f32(tile + (k * stride + x0 + g) * 4).to_bits() };
+        let at = |k: u32| unsafe { ld_shared_f32(tile + k * stride + 4 * (x0 + g)).to_bits() };
         [at(t), at(t + 4), at(t + 8), at(t + 12)]
     }
 }
 
-/// Products of one shared K tile for the vector engine: per warp, its
+/// Products of one fp32 shared K tile for the vector engine: per warp, its
 /// (BM/4)×32 slice as four or eight 16×8 accumulators (see [`tc_coord`]).
 #[inline(always)]
 unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const WIDE: bool>(
@@ -936,10 +984,11 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const WIDE: bo
     let warp = tid_x() / 32;
     let row0 = (bm(WIDE) / 4) * (warp / 2);
     let col0 = 32 * (warp % 2);
-    let a_stride = bm(WIDE) + PAD;
+    let a_stride = rm_stride(false, bm(WIDE));
+    let b_stride = rm_stride(false, BN);
     // Words for rows r..r+7 and r+8..r+15 of A, columns c..c+7 of B, each at
     // k = t, t+4, t+8, t+12.
-    let bw = |nj: u32| unsafe { frag_words(B::K_MAJOR, b_s, col0 + 8 * nj, BS_STRIDE) };
+    let bw = |nj: u32| unsafe { frag_words(B::K_MAJOR, b_s, col0 + 8 * nj, b_stride) };
     let aw = |r: u32| unsafe { frag_words(A::K_MAJOR, a_s, r, a_stride) };
     let b = [bw(0), bw(1), bw(2), bw(3)];
     let mis = if WIDE { 2 } else { 1 };
@@ -976,32 +1025,92 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const WIDE: bo
     }
 }
 
+/// Products of one bf16 shared K tile (32 deep) for the vector engine.
+/// A fragments (16 rows × 16 k): K-major, `ldmatrix` of rows r..r+15 at k
+/// and k+8; row-major, `ldmatrix.trans` of k rows at columns r and r+8.
+/// B (8 columns × 32 k, both k16 steps): four 8×8 blocks along k.
+#[inline(always)]
+unsafe fn vmma_tile_half<A: VecOperand, B: VecOperand, const WIDE: bool>(
+    a_s: u32,
+    b_s: u32,
+    acc: &mut [[f32; 4]; 8],
+) {
+    let lane = tid_x() % 32;
+    let warp = tid_x() / 32;
+    let row0 = (bm(WIDE) / 4) * (warp / 2);
+    let col0 = 32 * (warp % 2);
+    let (l8, q) = (lane % 8, lane / 8);
+    let a_stride = rm_stride(true, bm(WIDE));
+    let b_stride = rm_stride(true, BN);
+    // B: matrix q holds k 8q..8q+7 of columns c..c+7: registers
+    // [step 0 lo, step 0 hi, step 1 lo, step 1 hi].
+    let bfrag = |c: u32| unsafe {
+        if B::K_MAJOR {
+            ldmatrix_x4(b_s + (c + l8) * VROW_BYTES + 16 * q)
+        } else {
+            ldmatrix_x4_trans(b_s + (8 * q + l8) * b_stride + 2 * c)
+        }
+    };
+    // A, k16 step s: matrix q holds rows r + 8·(q % 2), k 16s + 8·(q / 2).
+    let afrag = |r: u32, s: u32| unsafe {
+        if A::K_MAJOR {
+            ldmatrix_x4(a_s + (r + l8 + 8 * (q % 2)) * VROW_BYTES + 32 * s + 16 * (q / 2))
+        } else {
+            ldmatrix_x4_trans(a_s + (16 * s + l8 + 8 * (q / 2)) * a_stride + 2 * (r + 8 * (q % 2)))
+        }
+    };
+    let b = [bfrag(col0), bfrag(col0 + 8), bfrag(col0 + 16), bfrag(col0 + 24)];
+    let mis = if WIDE { 2 } else { 1 };
+    for s in 0..2u32 {
+        for mi in 0..mis {
+            let a = afrag(row0 + 16 * mi, s);
+            for nj in 0..4usize {
+                let p = 4 * mi as usize + nj;
+                let bs = [b[nj][2 * s as usize], b[nj][2 * s as usize + 1]];
+                acc[p] = mma_bf16(a, bs, acc[p]);
+            }
+        }
+    }
+}
+
 /// A dense matrix for the vector engine: element `(k, i)` at
-/// `p[k·ks + i·is]`, with `ks = 1` (`K_MAJOR`) or `is = 1`; vectors start at
-/// multiples of 4 floats from a 16-byte aligned `p`.
+/// `p[k·ks + i·is]` (fp32, or bf16 when `H`), with `ks = 1` (`K_MAJOR`) or
+/// `is = 1`; vectors start 16-byte aligned.
 #[derive(Clone, Copy)]
-pub struct VStrided<const K_MAJOR: bool> {
+pub struct VStrided<const K_MAJOR: bool, const H: bool> {
     pub p: *const f32,
     pub ks: usize,
     pub is: usize,
 }
 
-impl<const KM: bool> VecOperand for VStrided<KM> {
+/// A `VStrided` cursor: the offset of the thread's first element and the
+/// offset between its slots.
+#[derive(Clone, Copy)]
+pub struct VStridedCursor {
+    off: usize,
+    slot: usize,
+}
+
+impl<const KM: bool, const H: bool> VecOperand for VStrided<KM, H> {
     const K_MAJOR: bool = KM;
-    type Cursor = usize;
+    const HALF: bool = H;
+    type Cursor = VStridedCursor;
     #[inline(always)]
-    fn open(&self, k: u32, i0: u32) -> usize {
-        (k as usize)
-            .wrapping_mul(self.ks)
-            .wrapping_add((i0 as usize).wrapping_mul(self.is))
+    fn open(&self, k: u32, i0: u32, dk: u32, di: u32) -> VStridedCursor {
+        VStridedCursor {
+            off: (k as usize)
+                .wrapping_mul(self.ks)
+                .wrapping_add((i0 as usize).wrapping_mul(self.is)),
+            slot: dk as usize * self.ks + di as usize * self.is,
+        }
     }
     #[inline(always)]
-    fn src(&self, c: &usize, j: usize) -> Option<*const f32> {
-        Some(self.p.wrapping_add(c + j * VSLOT_STRIDE as usize * self.is))
+    fn src(&self, c: &VStridedCursor, j: usize) -> Option<*const f32> {
+        Some(elem_at(self.p, c.off.wrapping_add(j * c.slot), H))
     }
     #[inline(always)]
-    fn step(&self, c: &mut usize) {
-        *c = c.wrapping_add(BK as usize * self.ks);
+    fn step(&self, c: &mut VStridedCursor) {
+        c.off = c.off.wrapping_add(vbk(H) as usize * self.ks);
     }
     #[inline(always)]
     fn base(&self) -> *const f32 {

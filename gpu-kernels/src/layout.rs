@@ -1,7 +1,8 @@
 //! Layout changes: `transpose` turns `batches` row-major `rows × cols`
-//! matrices into `cols × rows` ones, `dst[b][j][i] = src[b][i][j]`. The
-//! channels-last convolution path uses it for NCHW → NHWC (a matrix per
-//! image: rows = C, cols = H·W) and to reorder the filter bank.
+//! matrices into `cols × rows` ones, `dst[b][j][i] = src[b][i][j]`;
+//! `transpose_bf16` does the same and stores bf16 (round to nearest even).
+//! The channels-last convolution path uses them for NCHW → NHWC (a matrix
+//! per image: rows = C, cols = H·W) and to reorder the filter bank.
 //!
 //! Mapping: a block of 32×8 threads moves a 32×32 tile through shared memory
 //! (rows padded to 33 floats, so both the column reads and the row writes
@@ -9,12 +10,45 @@
 //! along `cols` and writing along `rows`, both coalesced. Grid
 //! (⌈cols/32⌉, ⌈rows/32⌉, batches), 32×33 floats of dynamic shared memory.
 
-use crate::device::{bid_x, bid_y, bid_z, shared, sync_threads, tid_x, tid_y};
+use crate::device::{bid_x, bid_y, bid_z, pack_bf16, shared, sync_threads, tid_x, tid_y};
 
 const TILE: u32 = 32;
 
+/// An element type `transpose_any` can store.
+trait Store: Copy {
+    fn from_f32(v: f32) -> Self;
+}
+impl Store for f32 {
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+impl Store for u16 {
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        (pack_bf16(v, 0.0) & 0xffff) as u16
+    }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn transpose(src: *const f32, dst: *mut f32, rows: u32, cols: u32) {
+    unsafe { transpose_any(src, dst, rows, cols) }
+}
+
+/// `transpose` storing bf16 (`dst` holds `u16`s).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn transpose_bf16(
+    src: *const f32,
+    dst: *mut u16,
+    rows: u32,
+    cols: u32,
+) {
+    unsafe { transpose_any(src, dst, rows, cols) }
+}
+
+#[inline(always)]
+unsafe fn transpose_any<T: Store>(src: *const f32, dst: *mut T, rows: u32, cols: u32) {
     let buf = shared::<[f32; 33]>();
     let plane = bid_z() as usize * rows as usize * cols as usize;
     let (src, dst) = (src.wrapping_add(plane), dst.wrapping_add(plane));
@@ -32,7 +66,7 @@ pub unsafe extern "ptx-kernel" fn transpose(src: *const f32, dst: *mut f32, rows
         let (c, r) = (c0 + ty + 8 * i, r0 + tx);
         if r < rows && c < cols {
             let v = unsafe { (*buf.add(tx as usize))[(ty + 8 * i) as usize] };
-            unsafe { *dst.add(c as usize * rows as usize + r as usize) = v };
+            unsafe { *dst.add(c as usize * rows as usize + r as usize) = T::from_f32(v) };
         }
     }
 }

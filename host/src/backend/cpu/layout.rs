@@ -16,9 +16,34 @@ pub fn transpose(src: &[f32], batches: usize, rows: usize, cols: usize) -> Vec<f
     dst
 }
 
+/// `transpose` stored as bf16 bit patterns (round to nearest, ties to even;
+/// finite inputs), the CPU twin of `transpose_bf16`.
+pub fn transpose_bf16(src: &[f32], batches: usize, rows: usize, cols: usize) -> Vec<u16> {
+    transpose(src, batches, rows, cols)
+        .into_iter()
+        .map(to_bf16)
+        .collect()
+}
+
+/// fp32 → bf16 bits, round to nearest even (finite values).
+pub fn to_bf16(v: f32) -> u16 {
+    let b = v.to_bits();
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
 #[cfg(test)]
 mod tests {
-    use super::transpose;
+    use super::{to_bf16, transpose};
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        assert_eq!(to_bf16(1.0), 0x3f80);
+        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0).
+        assert_eq!(to_bf16(1.0 + 2f32.powi(-8)), 0x3f80);
+        // 1 + 3·2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: to even.
+        assert_eq!(to_bf16(1.0 + 3.0 * 2f32.powi(-8)), 0x3f82);
+        assert_eq!(to_bf16(-2.5), 0xc020);
+    }
 
     #[test]
     fn transpose_moves_each_element_and_twice_is_identity() {

@@ -8,7 +8,10 @@
 //! transposed to NHWC and the filter bank to the product's k order in
 //! scratch buffers (`transpose`), and the `*_nhwc` kernels copy 16-byte
 //! vectors of channels (AlexNet's conv2–5; conv1 has 3 channels). Results
-//! come out in the usual layouts.
+//! come out in the usual layouts. In bf16, where channel counts are
+//! multiples of 8 (and, for a gathered k, at least 32), the copies are bf16
+//! (`transpose_bf16`; `*_nhwc16_bf16` kernels), halving the bytes and
+//! skipping the conversion in the inner loop.
 //!
 //! The weight gradient's GEMM has a small result (C_out/G × C_in/G·KH·KW) and a
 //! huge reduction (N·OH·OW), so it is split over K until the grid has about
@@ -16,7 +19,7 @@
 //! `splitk_reduce` adds them in a fixed order, keeping results deterministic.
 
 use super::gemm::{grid, tiles, vec_cfg};
-use super::layout::transpose;
+use super::layout::{transpose, transpose_bf16};
 use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
 use crate::backend::ConvGeom;
 use anyhow::Result;
@@ -87,13 +90,17 @@ pub(super) fn conv_forward(
     );
     let what = || format!("{g:?}");
     let (cg, kk) = (g.c_in / g.groups, g.k_h * g.k_w);
-    if let Some(name) = be.vec_kernel("conv_forward_nhwc", cg.is_multiple_of(16), wide) {
-        return be.with_scratch(Scratch::X, g.x_len(), |xt| {
-            transpose(be, x, xt, g.n, g.c_in, g.h * g.w)?;
-            be.with_scratch(Scratch::W, g.w_len(), |wt| {
-                transpose(be, w, wt, g.c_out, cg, kk)?;
-                launch!(be, name, vec_cfg(cfg, wide), what; &s, &*xt, &*wt, bias, y)
-            })
+    let fits = [cg.is_multiple_of(16), cg.is_multiple_of(8) && cg >= 32];
+    if let Some((name, half)) = channels_last(be, "conv_forward", fits, wide) {
+        return relayout(be, Scratch::X, x, [g.n, g.c_in, g.h * g.w], half, |xt| {
+            relayout(
+                be,
+                Scratch::W,
+                w,
+                [g.c_out, cg, kk],
+                half,
+                |wt| launch!(be, name, vec_cfg(cfg, wide), what; &s, xt, wt, bias, y),
+            )
         });
     }
     launch!(be, be.gemm_kernel(gemm_names!("conv_forward"), wide), cfg, what; &s, x, w, bias, y)
@@ -114,19 +121,61 @@ pub(super) fn conv_backward_data(
     let (cg, fg, kk) = (g.c_in / g.groups, g.c_out / g.groups, g.k_h * g.k_w);
     let pixels = g.n * g.h * g.w;
     let (cfg, wide) = tiles(be, cg, pixels, g.groups);
-    if let Some(name) = be.vec_kernel("conv_backward_data_nhwc", fg.is_multiple_of(16), wide) {
+    let fits = [fg.is_multiple_of(16), fg.is_multiple_of(8) && fg >= 32];
+    if let Some((name, half)) = channels_last(be, "conv_backward_data", fits, wide) {
         let ohw = g.out_h() * g.out_w();
-        return be.with_scratch(Scratch::Dy, g.y_len(), |dyt| {
-            transpose(be, dy, dyt, g.n, g.c_out, ohw)?;
-            be.with_scratch(Scratch::W, g.w_len(), |wt| {
-                transpose(be, w, wt, g.groups, fg, cg * kk)?;
-                launch!(be, name, vec_cfg(cfg, wide), what; &s, &*dyt, &*wt, dx)
-            })
+        return relayout(be, Scratch::Dy, dy, [g.n, g.c_out, ohw], half, |dyt| {
+            relayout(
+                be,
+                Scratch::W,
+                w,
+                [g.groups, fg, cg * kk],
+                half,
+                |wt| launch!(be, name, vec_cfg(cfg, wide), what; &s, dyt, wt, dx),
+            )
         });
     }
     let wide = be.wide_tiles_data_grad();
     let cfg = grid(cg, pixels, g.groups, wide);
     launch!(be, be.gemm_kernel(gemm_names!("conv_backward_data"), wide), cfg, what; &s, dy, w, dx)
+}
+
+/// The channels-last kernel for product `base` and whether it reads bf16
+/// operands: `{base}_nhwc16_bf16` in bf16 where `fits[1]` (and bf16
+/// operands are on), else `{base}_nhwc_{tf32|bf16}` where `fits[0]`.
+fn channels_last(
+    be: &CudaBackend,
+    base: &str,
+    fits: [bool; 2],
+    wide: bool,
+) -> Option<(&'static str, bool)> {
+    let half = be.vec_kernel(&format!("{base}_nhwc16"), fits[1] && be.bf16_operands, wide);
+    half.map(|k| (k, true)).or_else(|| {
+        be.vec_kernel(&format!("{base}_nhwc"), fits[0], wide)
+            .map(|k| (k, false))
+    })
+}
+
+/// Runs `f` with `src` transposed per matrix (`[batches, rows, cols]` →
+/// `[batches, cols, rows]`) into scratch `slot`, as fp32 or (`half`) bf16.
+fn relayout<R>(
+    be: &CudaBackend,
+    slot: Scratch,
+    src: &CudaSlice<f32>,
+    [batches, rows, cols]: [usize; 3],
+    half: bool,
+    f: impl FnOnce(&CudaSlice<f32>) -> Result<R>,
+) -> Result<R> {
+    let len = batches * rows * cols;
+    let floats = if half { len.div_ceil(2) } else { len };
+    be.with_scratch(slot, floats, |t| {
+        if half {
+            transpose_bf16(be, src, t, batches, rows, cols)?;
+        } else {
+            transpose(be, src, t, batches, rows, cols)?;
+        }
+        f(t)
+    })
 }
 
 /// How many K slices the weight gradient uses: enough blocks for ~2 per SM,
@@ -159,18 +208,21 @@ pub(super) fn conv_backward_filter(
     let cfg = grid(m, n_len, g.groups * splits as usize, wide);
     let what = || format!("{g:?} splits={splits}");
     let len = g.w_len();
-    let fits = (g.c_in / g.groups).is_multiple_of(4) && m.is_multiple_of(4);
-    if let Some(name) = be.vec_kernel("conv_backward_filter_nhwc", fits, wide) {
+    let cg = g.c_in / g.groups;
+    let fits = [
+        cg.is_multiple_of(4) && m.is_multiple_of(4),
+        cg.is_multiple_of(8) && m.is_multiple_of(8),
+    ];
+    if let Some((name, half)) = channels_last(be, "conv_backward_filter", fits, wide) {
         let cfg = vec_cfg(cfg, wide);
-        return be.with_scratch(Scratch::X, g.x_len(), |xt| {
-            transpose(be, x, xt, g.n, g.c_in, g.h * g.w)?;
-            be.with_scratch(Scratch::Dy, g.y_len(), |dyt| {
-                transpose(be, dy, dyt, g.n, g.c_out, g.out_h() * g.out_w())?;
+        let ohw = g.out_h() * g.out_w();
+        return relayout(be, Scratch::X, x, [g.n, g.c_in, g.h * g.w], half, |xt| {
+            relayout(be, Scratch::Dy, dy, [g.n, g.c_out, ohw], half, |dyt| {
                 if splits == 1 {
-                    return launch!(be, name, cfg, what; &s, &*xt, &*dyt, dw, &splits);
+                    return launch!(be, name, cfg, what; &s, xt, dyt, dw, &splits);
                 }
                 be.with_workspace(len * splits as usize, |ws| {
-                    launch!(be, name, cfg, what; &s, &*xt, &*dyt, &mut *ws, &splits)?;
+                    launch!(be, name, cfg, what; &s, xt, dyt, &mut *ws, &splits)?;
                     launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits, &0u64, &1u32)
                 })
             })

@@ -64,6 +64,13 @@ const KERNELS: &[&str] = &[
     "conv_backward_filter_nhwc_tf32_wide",
     "conv_backward_filter_nhwc_bf16_wide",
     "transpose",
+    "transpose_bf16",
+    "conv_forward_nhwc16_bf16",
+    "conv_forward_nhwc16_bf16_wide",
+    "conv_backward_data_nhwc16_bf16",
+    "conv_backward_data_nhwc16_bf16_wide",
+    "conv_backward_filter_nhwc16_bf16",
+    "conv_backward_filter_nhwc16_bf16_wide",
     "splitk_reduce",
     "fc_forward",
     "fc_backward_data",
@@ -198,6 +205,9 @@ pub struct CudaBackend {
     /// engine (16-byte copies; channels-last convolutions, see `conv.rs`);
     /// `ALEXNET_VEC_ENGINE=0` turns it off (benchmarks).
     vec_engine: bool,
+    /// Whether bf16 channels-last convolutions read bf16 copies of their
+    /// operands (`ALEXNET_BF16_OPERANDS=0` keeps them fp32; benchmarks).
+    bf16_operands: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
     scratch: [Mutex<Option<CudaSlice<f32>>>; 3],
@@ -291,6 +301,7 @@ impl CudaBackend {
                 _ => GemmTiles::Auto,
             },
             vec_engine: std::env::var("ALEXNET_VEC_ENGINE").map_or(true, |v| v != "0"),
+            bf16_operands: std::env::var("ALEXNET_BF16_OPERANDS").map_or(true, |v| v != "0"),
             scratch: Default::default(),
         })
     }
@@ -452,6 +463,24 @@ impl CudaBackend {
             *buf = Some(b);
         }
         f(buf.as_mut().unwrap())
+    }
+
+    /// Whether bf16 channels-last convolutions read bf16 copies of their
+    /// operands (default) or fp32 ones.
+    pub fn set_bf16_operands(&mut self, on: bool) {
+        self.bf16_operands = on;
+    }
+
+    /// `transpose` into raw bf16 storage (see the kernel).
+    pub fn transpose_bf16(
+        &self,
+        src: &CudaSlice<f32>,
+        dst: &mut CudaSlice<f32>,
+        batches: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        layout::transpose_bf16(self, src, dst, batches, rows, cols)
     }
 
     /// `dst[b][j][i] = src[b][i][j]` for `batches` row-major `rows × cols`
