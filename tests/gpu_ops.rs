@@ -451,7 +451,32 @@ fn conv_backward_filter_in(c: &mut Ctx, p: Precision) -> Result<()> {
 }
 
 fn conv_backward_bias(c: &mut Ctx) -> Result<()> {
-    for (case, g) in conv_cases() {
+    let mut cases = conv_cases();
+    // Enough images for the launcher to split them over blocks (partials
+    // summed by splitk_reduce): 37 images of 8×15×15, and AlexNet's conv3 at
+    // batch 16.
+    let split = ConvGeom {
+        n: 37,
+        c_in: 2,
+        h: 15,
+        w: 15,
+        c_out: 8,
+        k_h: 1,
+        k_w: 1,
+        stride: 1,
+        pad: 0,
+        groups: 1,
+    };
+    cases.push(("split over images 37x8x15x15", split));
+    if !small_only() {
+        let conv3 = all_conv_cases()
+            .into_iter()
+            .find(|(name, _)| name.starts_with("alexnet conv3"))
+            .unwrap()
+            .1;
+        cases.push(("alexnet conv3 n16 (split)", ConvGeom { n: 16, ..conv3 }));
+    }
+    for (case, g) in cases {
         let dy = c.randn(g.y_len(), 1.0);
         let mut want = vec![0.0; g.c_out];
         c.cpu.conv_backward_bias(&g, &dy, &mut want)?;

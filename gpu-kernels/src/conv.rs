@@ -15,7 +15,7 @@
 //! the `_wide` variants, 256 threads, `gemm::shared_bytes(wide)` of dynamic
 //! shared memory.
 
-use crate::device::{bdim_x, bid_x, bid_z, block_sum, shared, tid_x};
+use crate::device::{bdim_x, bid_x, bid_y, bid_z, block_sum, shared, tid_x};
 use crate::gemm::{
     BK, Epilogue, Operand, SLOT_STRIDE, Strided, VStrided, VecOperand, elem_at, gemm_kernels,
     gemm_tile, gemm_tile_v, split_range, vbk,
@@ -586,10 +586,15 @@ unsafe fn conv_backward_filter_impl<const MODE: u8, const WIDE: bool>(
 gemm_kernels!(conv_backward_filter_impl (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
     conv_backward_filter: FP32, false; conv_backward_filter_tf32: TF32, false; conv_backward_filter_bf16: BF16, false; conv_backward_filter_wide: FP32, true; conv_backward_filter_tf32_wide: TF32, true; conv_backward_filter_bf16_wide: BF16, true);
 
-/// Convolution bias gradient, `db[c] = Σ_{n,h,w} dy[n, c, h, w]`: one block
-/// per channel (grid x = C_out) walking its planes image by image (coalesced,
-/// no index division), any multiple of 32 threads up to 1024; fixed-order
-/// block reduction (deterministic). 32 floats of dynamic shared memory.
+/// Convolution bias gradient, `db[c] = Σ_{n,h,w} dy[n, c, h, w]`, or with
+/// `splits` > 1 one partial sum per slice of the images, at
+/// `db[slice·C_out + c]` (summed in a fixed order by `splitk_reduce`).
+/// Block (c, slice) walks its channel's planes for images
+/// `slice·per..(slice+1)·per` as one flat run of `per·hw` elements (256
+/// threads, each stepping 256 along it with an add and a compare per plane
+/// crossed: no division), then a fixed-order block reduction
+/// (deterministic). Grid (C_out, splits), 32 floats of dynamic shared
+/// memory.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn conv_backward_bias(
     dy: *const f32,
@@ -597,21 +602,32 @@ pub unsafe extern "ptx-kernel" fn conv_backward_bias(
     n: u32,
     c_out: u32,
     hw: u32,
+    per: u32,
 ) {
-    let c = bid_x() as usize;
-    let (hw, c_out) = (hw as usize, c_out as usize);
+    let (c, slice) = (bid_x() as usize, bid_y());
+    let first = slice * per;
+    let last = (first + per).min(n);
+    let (hwu, c_out) = (hw as usize, c_out as usize);
     let mut s = 0.0f32;
-    for img in 0..n as usize {
-        let plane = unsafe { dy.add((img * c_out + c) * hw) };
-        let mut p = tid_x() as usize;
-        while p < hw {
-            s += unsafe { *plane.add(p) };
-            p += bdim_x() as usize;
+    if first < last {
+        let mut img = first as usize;
+        let mut p = tid_x();
+        while p >= hw {
+            p -= hw;
+            img += 1;
+        }
+        while img < last as usize {
+            s += unsafe { *dy.add((img * c_out + c) * hwu + p as usize) };
+            p += bdim_x();
+            while p >= hw {
+                p -= hw;
+                img += 1;
+            }
         }
     }
     let total = unsafe { block_sum(s, shared::<f32>()) };
     if tid_x() == 0 {
-        unsafe { *db.add(c) = total };
+        unsafe { *db.add(slice as usize * c_out + c) = total };
     }
 }
 

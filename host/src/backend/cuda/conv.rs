@@ -1,6 +1,7 @@
 //! Launchers for the implicit-GEMM convolution kernels (`conv_forward`,
 //! `conv_backward_data`, `conv_backward_filter` + `splitk_reduce`) and
-//! `conv_backward_bias` (one 1024-thread block per channel).
+//! `conv_backward_bias` (blocks per channel and slice of the images,
+//! partials summed by `splitk_reduce`).
 //!
 //! In TF32 and bf16, a product whose channel counts allow it (forward: C_in/G
 //! a multiple of 16; data gradient: C_out/G a multiple of 16; weight
@@ -245,11 +246,26 @@ pub(super) fn conv_backward_bias(
 ) -> Result<()> {
     check_len("conv_backward_bias dy", dy, g.y_len())?;
     check_len("conv_backward_bias db", db, g.c_out)?;
-    let (n, c, hw) = (g.n as u32, g.c_out as u32, (g.out_h() * g.out_w()) as u32);
+    let hw = g.out_h() * g.out_w();
+    // Enough (channel, image-slice) blocks for ~4 per SM, each slice still
+    // at least 4096 elements.
+    let want = (4 * be.sm_count() as usize).div_ceil(g.c_out);
+    let splits = want.min(g.n * hw / 4096).clamp(1, g.n);
+    let per = g.n.div_ceil(splits);
+    let splits = g.n.div_ceil(per);
+    let (n, c, hw32, per32) = (g.n as u32, g.c_out as u32, hw as u32, per as u32);
     let cfg = LaunchConfig {
-        grid_dim: (c, 1, 1),
-        block_dim: (1024, 1, 1),
+        grid_dim: (c, splits as u32, 1),
+        block_dim: (256, 1, 1),
         shared_mem_bytes: 32 * 4,
     };
-    launch!(be, "conv_backward_bias", cfg, || format!("{g:?}"); dy, db, &n, &c, &hw)
+    let what = || format!("{g:?} splits={splits}");
+    if splits == 1 {
+        return launch!(be, "conv_backward_bias", cfg, what; dy, db, &n, &c, &hw32, &per32);
+    }
+    let parts = splits as u32;
+    be.with_workspace(g.c_out * splits, |ws| {
+        launch!(be, "conv_backward_bias", cfg, what; dy, &mut *ws, &n, &c, &hw32, &per32)?;
+        launch!(be, "splitk_reduce", grid_1d(be, g.c_out), what; &*ws, &mut *db, &g.c_out, &parts, &0u64, &1u32)
+    })
 }
