@@ -3,16 +3,16 @@
 //! `conv_backward_bias` (blocks per channel and slice of the images,
 //! partials summed by `splitk_reduce`).
 //!
-//! In TF32 and bf16, a product whose channel counts allow it (forward: C_in/G
-//! a multiple of 16; data gradient: C_out/G a multiple of 16; weight
-//! gradient: both multiples of 4) takes the channels-last path: x and dy are
+//! In TF32 and bf16, a product whose channel counts allow it (C_in/G for the
+//! forward and weight gradient, C_out/G for the data gradient and weight
+//! gradient, multiples of 4) takes the channels-last path: x and dy are
 //! transposed to NHWC and the filter bank to the product's k order in
 //! scratch buffers (`transpose`), and the `*_nhwc` kernels copy 16-byte
-//! vectors of channels (AlexNet's conv2–5; conv1 has 3 channels). Results
-//! come out in the usual layouts. In bf16, where channel counts are
-//! multiples of 8 (and, for a gathered k, at least 32), the copies are bf16
-//! (`transpose_bf16`; `*_nhwc16_bf16` kernels), halving the bytes and
-//! skipping the conversion in the inner loop.
+//! vectors of channels. A one-group input whose channel count is not a
+//! multiple of 4 is padded with zero channels (conv1: 3 → 4). Results come
+//! out in the usual layouts. In bf16, where the channel counts are multiples
+//! of 8, the copies are bf16 (`transpose_bf16`; `*_nhwc16_bf16` kernels),
+//! halving the bytes and skipping the conversion in the inner loop.
 //!
 //! The weight gradient's GEMM has a small result (C_out/G × C_in/G·KH·KW) and a
 //! huge reduction (N·OH·OW), so it is split over K until the grid has about
@@ -20,7 +20,7 @@
 //! `splitk_reduce` adds them in a fixed order, keeping results deterministic.
 
 use super::gemm::{grid, tiles, vec_cfg};
-use super::layout::{transpose, transpose_bf16};
+use super::layout::transpose;
 use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
 use crate::backend::ConvGeom;
 use anyhow::Result;
@@ -43,6 +43,7 @@ struct ConvShape {
     oh: u32,
     ow: u32,
     relu: u32,
+    pad_c: u32,
 }
 
 unsafe impl DeviceRepr for ConvShape {}
@@ -63,7 +64,32 @@ fn shape(g: &ConvGeom) -> Result<ConvShape> {
         oh: g.out_h() as u32,
         ow: g.out_w() as u32,
         relu: 0,
+        pad_c: 0,
     })
+}
+
+/// Channels per group of a channels-last fp32 copy of x: C_in/G when it is a
+/// multiple of 4, else (one group only) rounded up to one, with zero
+/// channels (AlexNet's conv1: 3 → 4); `None` when neither works.
+fn padded_channels(g: &ConvGeom) -> Option<usize> {
+    let cg = g.c_in / g.groups;
+    if cg.is_multiple_of(4) {
+        Some(cg)
+    } else if g.groups == 1 {
+        Some(cg.next_multiple_of(4))
+    } else {
+        None
+    }
+}
+
+/// `s` for a channels-last copy of x with `cp` channels per group.
+fn padded_shape(s: ConvShape, g: &ConvGeom, cp: usize) -> ConvShape {
+    let cg = g.c_in / g.groups;
+    ConvShape {
+        c_in: (cp * g.groups) as u32,
+        pad_c: (cp - cg) as u32,
+        ..s
+    }
 }
 
 pub(super) fn conv_forward(
@@ -91,14 +117,19 @@ pub(super) fn conv_forward(
     );
     let what = || format!("{g:?}");
     let (cg, kk) = (g.c_in / g.groups, g.k_h * g.k_w);
-    let fits = [cg.is_multiple_of(16), cg.is_multiple_of(8) && cg >= 32];
+    let cp = padded_channels(g);
+    let fits = [cp.is_some(), cg.is_multiple_of(8)];
     if let Some((name, half)) = channels_last(be, "conv_forward", fits, wide) {
-        return relayout(be, Scratch::X, x, [g.n, g.c_in, g.h * g.w], half, |xt| {
+        let cp = if half { cg } else { cp.unwrap() };
+        let s = padded_shape(s, g, cp);
+        let x_dims = [g.n, g.c_in, g.h * g.w];
+        return relayout(be, Scratch::X, x, x_dims, cp * g.groups, half, |xt| {
             relayout(
                 be,
                 Scratch::W,
                 w,
                 [g.c_out, cg, kk],
+                cp,
                 half,
                 |wt| launch!(be, name, vec_cfg(cfg, wide), what; &s, xt, wt, bias, y),
             )
@@ -122,19 +153,28 @@ pub(super) fn conv_backward_data(
     let (cg, fg, kk) = (g.c_in / g.groups, g.c_out / g.groups, g.k_h * g.k_w);
     let pixels = g.n * g.h * g.w;
     let (cfg, wide) = tiles(be, cg, pixels, g.groups);
-    let fits = [fg.is_multiple_of(16), fg.is_multiple_of(8) && fg >= 32];
+    let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
     if let Some((name, half)) = channels_last(be, "conv_backward_data", fits, wide) {
         let ohw = g.out_h() * g.out_w();
-        return relayout(be, Scratch::Dy, dy, [g.n, g.c_out, ohw], half, |dyt| {
-            relayout(
-                be,
-                Scratch::W,
-                w,
-                [g.groups, fg, cg * kk],
-                half,
-                |wt| launch!(be, name, vec_cfg(cfg, wide), what; &s, dyt, wt, dx),
-            )
-        });
+        return relayout(
+            be,
+            Scratch::Dy,
+            dy,
+            [g.n, g.c_out, ohw],
+            g.c_out,
+            half,
+            |dyt| {
+                relayout(
+                    be,
+                    Scratch::W,
+                    w,
+                    [g.groups, fg, cg * kk],
+                    fg,
+                    half,
+                    |wt| launch!(be, name, vec_cfg(cfg, wide), what; &s, dyt, wt, dx),
+                )
+            },
+        );
     }
     let wide = be.wide_tiles_data_grad();
     let cfg = grid(cg, pixels, g.groups, wide);
@@ -158,23 +198,21 @@ fn channels_last(
 }
 
 /// Runs `f` with `src` transposed per matrix (`[batches, rows, cols]` →
-/// `[batches, cols, rows]`) into scratch `slot`, as fp32 or (`half`) bf16.
+/// `[batches, cols, rows_out]`, zero-padded rows) into scratch `slot`, as
+/// fp32 or (`half`) bf16.
 fn relayout<R>(
     be: &CudaBackend,
     slot: Scratch,
     src: &CudaSlice<f32>,
-    [batches, rows, cols]: [usize; 3],
+    dims: [usize; 3],
+    rows_out: usize,
     half: bool,
     f: impl FnOnce(&CudaSlice<f32>) -> Result<R>,
 ) -> Result<R> {
-    let len = batches * rows * cols;
+    let len = dims[0] * rows_out * dims[2];
     let floats = if half { len.div_ceil(2) } else { len };
     be.with_scratch(slot, floats, |t| {
-        if half {
-            transpose_bf16(be, src, t, batches, rows, cols)?;
-        } else {
-            transpose(be, src, t, batches, rows, cols)?;
-        }
+        transpose(be, src, t, dims, rows_out, half)?;
         f(t)
     })
 }
@@ -210,23 +248,38 @@ pub(super) fn conv_backward_filter(
     let what = || format!("{g:?} splits={splits}");
     let len = g.w_len();
     let cg = g.c_in / g.groups;
+    let cp = padded_channels(g);
     let fits = [
-        cg.is_multiple_of(4) && m.is_multiple_of(4),
+        cp.is_some() && m.is_multiple_of(4),
         cg.is_multiple_of(8) && m.is_multiple_of(8),
     ];
     if let Some((name, half)) = channels_last(be, "conv_backward_filter", fits, wide) {
-        let cfg = vec_cfg(cfg, wide);
+        let cp = if half { cg } else { cp.unwrap() };
+        let s = padded_shape(s, g, cp);
+        let cfg = vec_cfg(
+            grid(m, cp * g.k_h * g.k_w, g.groups * splits as usize, wide),
+            wide,
+        );
         let ohw = g.out_h() * g.out_w();
-        return relayout(be, Scratch::X, x, [g.n, g.c_in, g.h * g.w], half, |xt| {
-            relayout(be, Scratch::Dy, dy, [g.n, g.c_out, ohw], half, |dyt| {
-                if splits == 1 {
-                    return launch!(be, name, cfg, what; &s, xt, dyt, dw, &splits);
-                }
-                be.with_workspace(len * splits as usize, |ws| {
+        let x_dims = [g.n, g.c_in, g.h * g.w];
+        return relayout(be, Scratch::X, x, x_dims, cp * g.groups, half, |xt| {
+            relayout(
+                be,
+                Scratch::Dy,
+                dy,
+                [g.n, g.c_out, ohw],
+                g.c_out,
+                half,
+                |dyt| {
+                    if splits == 1 {
+                        return launch!(be, name, cfg, what; &s, xt, dyt, dw, &splits);
+                    }
+                    be.with_workspace(len * splits as usize, |ws| {
                     launch!(be, name, cfg, what; &s, xt, dyt, &mut *ws, &splits)?;
                     launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits, &0u64, &1u32)
                 })
-            })
+                },
+            )
         });
     }
     if splits == 1 {

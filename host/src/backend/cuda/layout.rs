@@ -7,50 +7,26 @@ use anyhow::{Result, ensure};
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
 /// `dst[b][j][i] = src[b][i][j]` for `batches` row-major `rows × cols`
-/// matrices at the start of `src` and `dst` (which may be longer).
+/// matrices at the start of `src` and `dst` (which may be longer), each
+/// output row padded with zeros to `rows_out` ≥ `rows` elements; stored as
+/// fp32, or as bf16 when `half` (`dst` is then raw storage: two values per
+/// float).
 pub(super) fn transpose(
     be: &CudaBackend,
     src: &CudaSlice<f32>,
     dst: &mut CudaSlice<f32>,
-    batches: usize,
-    rows: usize,
-    cols: usize,
+    [batches, rows, cols]: [usize; 3],
+    rows_out: usize,
+    half: bool,
 ) -> Result<()> {
-    let len = batches * rows * cols;
+    let (len, out) = (batches * rows * cols, batches * rows_out * cols);
+    let out_floats = if half { out.div_ceil(2) } else { out };
     ensure!(
-        src.len() >= len && dst.len() >= len,
-        "transpose: {batches}×{rows}×{cols} needs {len} floats, buffers hold {} and {}",
+        rows_out >= rows && src.len() >= len && dst.len() >= out_floats,
+        "transpose: {batches}×{rows}×{cols} (rows padded to {rows_out}) needs {len} floats in and {out_floats} out, buffers hold {} and {}",
         src.len(),
         dst.len()
     );
-    let (cfg, r, c) = tile_grid(batches, rows, cols)?;
-    launch!(be, "transpose", cfg, || format!("{batches}x{rows}x{cols}"); src, dst, &r, &c)
-}
-
-/// `transpose` storing bf16: `dst` is raw storage for `batches·rows·cols`
-/// bf16 values (half as many floats, rounded up).
-pub(super) fn transpose_bf16(
-    be: &CudaBackend,
-    src: &CudaSlice<f32>,
-    dst: &mut CudaSlice<f32>,
-    batches: usize,
-    rows: usize,
-    cols: usize,
-) -> Result<()> {
-    let len = batches * rows * cols;
-    ensure!(
-        src.len() >= len && dst.len() >= len.div_ceil(2),
-        "transpose_bf16: {batches}×{rows}×{cols} needs {len} floats in and {} out, buffers hold {} and {}",
-        len.div_ceil(2),
-        src.len(),
-        dst.len()
-    );
-    let (cfg, r, c) = tile_grid(batches, rows, cols)?;
-    launch!(be, "transpose_bf16", cfg, || format!("{batches}x{rows}x{cols}"); src, dst, &r, &c)
-}
-
-/// The tile grid of a batched transpose, and rows/cols as kernel arguments.
-fn tile_grid(batches: usize, rows: usize, cols: usize) -> Result<(LaunchConfig, u32, u32)> {
     ensure!(
         batches <= 65_535,
         "transpose: {batches} matrices exceed grid z (65535)"
@@ -58,11 +34,13 @@ fn tile_grid(batches: usize, rows: usize, cols: usize) -> Result<(LaunchConfig, 
     let cfg = LaunchConfig {
         grid_dim: (
             cols.div_ceil(32) as u32,
-            rows.div_ceil(32) as u32,
+            rows_out.div_ceil(32) as u32,
             batches as u32,
         ),
         block_dim: (32, 8, 1),
         shared_mem_bytes: 32 * 33 * 4,
     };
-    Ok((cfg, rows as u32, cols as u32))
+    let (r, c, ro) = (rows as u32, cols as u32, rows_out as u32);
+    let name = if half { "transpose_bf16" } else { "transpose" };
+    launch!(be, name, cfg, || format!("{batches}x{rows}x{cols} -> {rows_out}"); src, dst, &r, &c, &ro)
 }

@@ -480,7 +480,7 @@ impl CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        layout::transpose_bf16(self, src, dst, batches, rows, cols)
+        layout::transpose(self, src, dst, [batches, rows, cols], rows, true)
     }
 
     /// `dst[b][j][i] = src[b][i][j]` for `batches` row-major `rows × cols`
@@ -493,7 +493,7 @@ impl CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        layout::transpose(self, src, dst, batches, rows, cols)
+        layout::transpose(self, src, dst, [batches, rows, cols], rows, false)
     }
 }
 
