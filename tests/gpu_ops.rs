@@ -713,6 +713,16 @@ fn lrn_cases() -> Vec<(&'static str, LrnParams)> {
                 ..p(2, 9, 5, 5, 5)
             },
         ),
+        // Channel runs of 32 per thread: windows crossing run boundaries.
+        (
+            "runs 2x37x3x5 size5 strong alpha",
+            LrnParams {
+                alpha: 0.5,
+                ..p(2, 37, 3, 5, 5)
+            },
+        ),
+        ("runs 1x65x2x2 size3", p(1, 65, 2, 2, 3)),
+        ("runs generic 2x40x3x3 size4", p(2, 40, 3, 3, 4)),
         ("alexnet lrn1 n8 96x55x55", p(8, 96, 55, 55, 5)),
         ("alexnet lrn2 n8 256x27x27", p(8, 256, 27, 27, 5)),
     ])

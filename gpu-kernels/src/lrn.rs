@@ -5,16 +5,28 @@
 //! optionally followed by the backward pass of a ReLU whose output `x` is
 //! (`dx = 0` where `x ≤ 0`), so that the ReLU needs no pass of its own.
 //!
-//! Layout NCHW. Mapping: one thread per (n, h, w) pixel, walking the C
-//! channels of that pixel (consecutive threads take consecutive pixels, so
-//! every access is coalesced). For window sizes 3 and 5 (AlexNet's) the
-//! thread keeps the window's values in registers, sliding it one channel per
-//! step, so each input is read once and each quotient `dy·y/scale` computed
-//! once; the window sums are still formed afresh, in channel order, for each
-//! channel (no running sum, so no cancellation drift). Other sizes re-read
-//! the window from L1 per channel. 1-D grid over N·H·W pixels, any block size.
+//! Layout NCHW. Mapping: one thread per (n, h, w) pixel and run of `chunk`
+//! channels, walking that run (consecutive threads take consecutive pixels,
+//! so every access is coalesced; the runs give the GPU enough threads when
+//! the planes are small). For window sizes 3 and 5 (AlexNet's) the thread
+//! keeps the window's values in registers, sliding it one channel per step,
+//! so each input is read once per run (plus the window's edges) and each
+//! quotient `dy·y/scale` computed once; the window sums are still formed
+//! afresh, in channel order, for each channel (no running sum, so no
+//! cancellation drift). Other sizes re-read the window from L1 per channel.
+//! 1-D grid-stride over N·H·W·⌈C/chunk⌉ items, any block size.
 
 use crate::device::{fma, grid_stride, powf};
+
+/// Item `item` of the grid: the offset of its pixel's channel 0 and its
+/// channel run `[c0, c1)`.
+#[inline(always)]
+fn item(item: usize, pixels: usize, hw: usize, c: u32, chunk: u32) -> (usize, u32, u32) {
+    let (run, pix) = ((item / pixels) as u32, item % pixels);
+    let base = (pix / hw) * c as usize * hw + pix % hw;
+    let c0 = run * chunk;
+    (base, c0, (c0 + chunk).min(c))
+}
 
 #[inline(always)]
 fn window(c: u32, size: u32, channels: u32) -> (u32, u32) {
@@ -36,31 +48,34 @@ pub unsafe extern "ptx-kernel" fn lrn_forward(
     alpha: f32,
     beta: f32,
     k: f32,
+    chunk: u32,
 ) {
-    let (mut pix, step) = grid_stride();
+    let (mut i, step) = grid_stride();
     let pixels = n as usize * hw as usize;
+    let items = pixels * c.div_ceil(chunk) as usize;
     let hw = hw as usize;
-    while pix < pixels {
-        let base = (pix / hw) * c as usize * hw + pix % hw;
+    while i < items {
+        let (base, c0, c1) = item(i, pixels, hw, c, chunk);
         let (x, y, scale) = unsafe { (x.add(base), y.add(base), scale.add(base)) };
+        let r = (c0, c1, c);
         match size {
-            5 => unsafe { forward_sliding::<5>(x, y, scale, c, hw, alpha, beta, k) },
-            3 => unsafe { forward_sliding::<3>(x, y, scale, c, hw, alpha, beta, k) },
-            _ => unsafe { forward_any(x, y, scale, c, hw, size, alpha, beta, k) },
+            5 => unsafe { forward_sliding::<5>(x, y, scale, r, hw, alpha, beta, k) },
+            3 => unsafe { forward_sliding::<3>(x, y, scale, r, hw, alpha, beta, k) },
+            _ => unsafe { forward_any(x, y, scale, r, hw, size, alpha, beta, k) },
         }
-        pix += step;
+        i += step;
     }
 }
 
-/// One pixel's channels (pointers at its channel 0, channel stride `hw`),
-/// window of `S` in registers: `xs[i]` holds channel `ch − S/2 + i` (0
-/// outside the channels).
+/// One pixel's channels `c0..c1` of `c` (pointers at its channel 0, channel
+/// stride `hw`), window of `S` in registers: `xs[i]` holds channel
+/// `ch − S/2 + i` (0 outside the channels).
 #[inline(always)]
 unsafe fn forward_sliding<const S: usize>(
     x: *const f32,
     y: *mut f32,
     scale: *mut f32,
-    c: u32,
+    (c0, c1, c): (u32, u32, u32),
     hw: usize,
     alpha: f32,
     beta: f32,
@@ -76,9 +91,9 @@ unsafe fn forward_sliding<const S: usize>(
     };
     let mut xs = [0.0f32; S];
     for i in 1..S {
-        xs[i] = load(i as i32 - 1 - half);
+        xs[i] = load(c0 as i32 + i as i32 - 1 - half);
     }
-    for ch in 0..c {
+    for ch in c0..c1 {
         for i in 0..S - 1 {
             xs[i] = xs[i + 1];
         }
@@ -102,14 +117,14 @@ unsafe fn forward_any(
     x: *const f32,
     y: *mut f32,
     scale: *mut f32,
-    c: u32,
+    (c0, c1, c): (u32, u32, u32),
     hw: usize,
     size: u32,
     alpha: f32,
     beta: f32,
     k: f32,
 ) {
-    for ch in 0..c {
+    for ch in c0..c1 {
         let (lo, hi) = window(ch, size, c);
         let mut sum = 0.0f32;
         for j in lo..=hi {
@@ -141,12 +156,14 @@ pub unsafe extern "ptx-kernel" fn lrn_backward(
     alpha: f32,
     beta: f32,
     relu: u32,
+    chunk: u32,
 ) {
-    let (mut pix, step) = grid_stride();
+    let (mut i, step) = grid_stride();
     let pixels = n as usize * hw as usize;
+    let items = pixels * c.div_ceil(chunk) as usize;
     let hw = hw as usize;
-    while pix < pixels {
-        let base = (pix / hw) * c as usize * hw + pix % hw;
+    while i < items {
+        let (base, c0, c1) = item(i, pixels, hw, c, chunk);
         let p = unsafe {
             Planes {
                 x: x.add(base),
@@ -157,12 +174,13 @@ pub unsafe extern "ptx-kernel" fn lrn_backward(
                 relu: relu != 0,
             }
         };
+        let r = (c0, c1, c);
         match size {
-            5 => unsafe { backward_sliding::<5>(&p, c, hw, alpha, beta) },
-            3 => unsafe { backward_sliding::<3>(&p, c, hw, alpha, beta) },
-            _ => unsafe { backward_any(&p, c, hw, size, alpha, beta) },
+            5 => unsafe { backward_sliding::<5>(&p, r, hw, alpha, beta) },
+            3 => unsafe { backward_sliding::<3>(&p, r, hw, alpha, beta) },
+            _ => unsafe { backward_any(&p, r, hw, size, alpha, beta) },
         }
-        pix += step;
+        i += step;
     }
 }
 
@@ -189,7 +207,13 @@ impl Planes {
 /// register window holds channel `ch + ⌊S/2⌋ + 1 − S + i` (its quotient
 /// `dy·y/scale`, 0 outside the channels, and its `dy` and `scale`).
 #[inline(always)]
-unsafe fn backward_sliding<const S: usize>(p: &Planes, c: u32, hw: usize, alpha: f32, beta: f32) {
+unsafe fn backward_sliding<const S: usize>(
+    p: &Planes,
+    (c0, c1, c): (u32, u32, u32),
+    hw: usize,
+    alpha: f32,
+    beta: f32,
+) {
     let half = (S / 2) as i32;
     let first = half + 1 - S as i32;
     let load = |ch: i32| -> (f32, f32, f32) {
@@ -205,10 +229,10 @@ unsafe fn backward_sliding<const S: usize>(p: &Planes, c: u32, hw: usize, alpha:
     };
     let (mut q, mut d, mut s) = ([0.0f32; S], [0.0f32; S], [1.0f32; S]);
     for i in 1..S {
-        (q[i], d[i], s[i]) = load(first + i as i32 - 1);
+        (q[i], d[i], s[i]) = load(c0 as i32 + first + i as i32 - 1);
     }
     let me = (-first) as usize;
-    for ch in 0..c {
+    for ch in c0..c1 {
         for i in 0..S - 1 {
             (q[i], d[i], s[i]) = (q[i + 1], d[i + 1], s[i + 1]);
         }
@@ -228,9 +252,16 @@ unsafe fn backward_sliding<const S: usize>(p: &Planes, c: u32, hw: usize, alpha:
 
 /// As [`backward_sliding`] for any window size, re-reading the window.
 #[inline(always)]
-unsafe fn backward_any(p: &Planes, c: u32, hw: usize, size: u32, alpha: f32, beta: f32) {
+unsafe fn backward_any(
+    p: &Planes,
+    (c0, c1, c): (u32, u32, u32),
+    hw: usize,
+    size: u32,
+    alpha: f32,
+    beta: f32,
+) {
     let half = (size / 2) as i32;
-    for ch in 0..c {
+    for ch in c0..c1 {
         let lo = (ch as i32 + half + 1 - size as i32).max(0) as u32;
         let hi = (ch as i32 + half).min(c as i32 - 1) as u32;
         let mut acc = 0.0f32;
