@@ -35,7 +35,8 @@ pub struct BenchResult {
     pub model_memory_bytes: Option<usize>,
     /// Device memory in use after the timed steps, over what was in use
     /// before the model: the model plus the workspaces the step grew (split-K
-    /// partial sums) — the step's peak, since workspaces are kept.
+    /// partial sums, channels-last copies) — the step's peak, since
+    /// workspaces are kept.
     pub step_memory_bytes: Option<usize>,
     pub layers: Vec<LayerTime>,
 }
