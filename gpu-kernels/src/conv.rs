@@ -39,9 +39,6 @@ pub struct ConvShape {
     pub ow: u32,
     /// Forward only: nonzero to apply ReLU in the epilogue (`max(0, ·)`).
     pub relu: u32,
-    /// Channels-last products only: zero channels appended to each group of
-    /// the NHWC copies (`c_in` counts them; the filter gradient skips them).
-    pub pad_c: u32,
 }
 
 impl ConvShape {
@@ -648,14 +645,12 @@ pub unsafe extern "ptx-kernel" fn conv_backward_bias(
 // - filter:  k = (n, oh, ow), N index (kh, kw, c); A = dy (NHWC), B = x
 //   (NHWC) both copied along their channels; needs Cg and Fg multiples of
 //   the vector length.
-// The launcher may append `pad_c` zero channels to each group of x and w
-// (conv1: 3 → 4) to meet the forward's and the filter gradient's rule.
 // A thread's B operand has one slot (B tiles are 64 wide).
 // ---------------------------------------------------------------------------
 
 /// Moves the k position (tap `kh, kw` of a `_ × kw_len` filter, channel `c`
 /// of `cg`) one tile of `bk` along k: one tap step per wrap of the channel
-/// (several when `cg` < `bk`, as in a 4-channel copy of a 3-channel image).
+/// (several when `cg` < `bk`).
 #[inline(always)]
 fn next_tap(kh: &mut u32, kw: &mut u32, c: &mut u32, kw_len: u32, cg: u32, bk: u32) {
     *c += bk;
@@ -977,8 +972,7 @@ impl<const H: bool> VecOperand for NhwcPatchesT<H> {
 }
 
 /// Stores a split-K partial of dw, whose GEMM column is `(kh·KW + kw)·Cg +
-/// c` (Cg with padding), at `ws[slice·len(dw) + idx(dw)]` with dw in
-/// `[F][Cg − pad_c][KH][KW]`; padding channels are dropped.
+/// c`, at `ws[slice·len(dw) + idx(dw)]` with dw in `[F][Cg][KH][KW]`.
 struct StoreFilterGradNhwc {
     ws: *mut f32,
     offset: usize,
@@ -990,11 +984,8 @@ impl Epilogue for StoreFilterGradNhwc {
     unsafe fn store(&self, m: u32, n: u32, acc: f32) {
         let s = &self.s;
         let (r, c) = (n / s.cg(), n % s.cg());
-        let real = s.cg() - s.pad_c;
-        if c < real {
-            let idx = self.offset + (m * real + c) as usize * s.kk() as usize + r as usize;
-            unsafe { *self.ws.add(idx) = acc };
-        }
+        let idx = self.offset + (m * s.cg() + c) as usize * s.kk() as usize + r as usize;
+        unsafe { *self.ws.add(idx) = acc };
     }
 }
 
@@ -1013,8 +1004,7 @@ unsafe fn conv_backward_filter_nhwc_any<const MODE: u8, const WIDE: bool, const 
     let (g, slice) = (bid_z() / splits, bid_z() % splits);
     let (k_begin, k_end) = split_range(s.n * s.oh * s.ow, splits, slice);
     let n_len = s.cg() * s.kk();
-    let real_len = (s.cg() - s.pad_c) * s.kk();
-    let dw_len = s.c_out as usize * real_len as usize;
+    let dw_len = s.c_out as usize * n_len as usize;
     let a = VStrided::<false, H> {
         p: elem_at(dy, (g * s.fg()) as usize, H),
         ks: s.c_out as usize,
@@ -1026,7 +1016,7 @@ unsafe fn conv_backward_filter_nhwc_any<const MODE: u8, const WIDE: bool, const 
         g,
         step: Step::with(vbk(H), s.oh, s.ow),
     };
-    let offset = slice as usize * dw_len + (g * s.fg()) as usize * real_len as usize;
+    let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
     let e = StoreFilterGradNhwc { ws, offset, s };
     unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, H>(&a, &b, &e, s.fg(), n_len, k_begin, k_end) };
 }

@@ -8,9 +8,9 @@
 //! gradient, multiples of 4) takes the channels-last path: x and dy are
 //! transposed to NHWC and the filter bank to the product's k order in
 //! scratch buffers (`transpose`), and the `*_nhwc` kernels copy 16-byte
-//! vectors of channels. A one-group input whose channel count is not a
-//! multiple of 4 is padded with zero channels (conv1: 3 → 4). Results come
-//! out in the usual layouts. In bf16, where the channel counts are multiples
+//! vectors of channels. (conv1's 3 channels stay on the NCHW kernels:
+//! padded to 4 channels on this path it measured 1.5–1.8× slower on the
+//! H200.) Results come out in the usual layouts. In bf16, where the channel counts are multiples
 //! of 8, the copies are bf16 (`transpose_bf16`; `*_nhwc16_bf16` kernels),
 //! halving the bytes and skipping the conversion in the inner loop.
 //!
@@ -43,7 +43,6 @@ struct ConvShape {
     oh: u32,
     ow: u32,
     relu: u32,
-    pad_c: u32,
 }
 
 unsafe impl DeviceRepr for ConvShape {}
@@ -64,32 +63,7 @@ fn shape(g: &ConvGeom) -> Result<ConvShape> {
         oh: g.out_h() as u32,
         ow: g.out_w() as u32,
         relu: 0,
-        pad_c: 0,
     })
-}
-
-/// Channels per group of a channels-last fp32 copy of x: C_in/G when it is a
-/// multiple of 4, else (one group only) rounded up to one, with zero
-/// channels (AlexNet's conv1: 3 → 4); `None` when neither works.
-fn padded_channels(g: &ConvGeom) -> Option<usize> {
-    let cg = g.c_in / g.groups;
-    if cg.is_multiple_of(4) {
-        Some(cg)
-    } else if g.groups == 1 {
-        Some(cg.next_multiple_of(4))
-    } else {
-        None
-    }
-}
-
-/// `s` for a channels-last copy of x with `cp` channels per group.
-fn padded_shape(s: ConvShape, g: &ConvGeom, cp: usize) -> ConvShape {
-    let cg = g.c_in / g.groups;
-    ConvShape {
-        c_in: (cp * g.groups) as u32,
-        pad_c: (cp - cg) as u32,
-        ..s
-    }
 }
 
 pub(super) fn conv_forward(
@@ -117,19 +91,16 @@ pub(super) fn conv_forward(
     );
     let what = || format!("{g:?}");
     let (cg, kk) = (g.c_in / g.groups, g.k_h * g.k_w);
-    let cp = padded_channels(g);
-    let fits = [cp.is_some(), cg.is_multiple_of(8)];
+    let fits = [cg.is_multiple_of(4), cg.is_multiple_of(8)];
     if let Some((name, half)) = channels_last(be, "conv_forward", fits, wide) {
-        let cp = if half { cg } else { cp.unwrap() };
-        let s = padded_shape(s, g, cp);
         let x_dims = [g.n, g.c_in, g.h * g.w];
-        return relayout(be, Scratch::X, x, x_dims, cp * g.groups, half, |xt| {
+        return relayout(be, Scratch::X, x, x_dims, g.c_in, half, |xt| {
             relayout(
                 be,
                 Scratch::W,
                 w,
                 [g.c_out, cg, kk],
-                cp,
+                cg,
                 half,
                 |wt| launch!(be, name, vec_cfg(cfg, wide), what; &s, xt, wt, bias, y),
             )
@@ -248,21 +219,15 @@ pub(super) fn conv_backward_filter(
     let what = || format!("{g:?} splits={splits}");
     let len = g.w_len();
     let cg = g.c_in / g.groups;
-    let cp = padded_channels(g);
     let fits = [
-        cp.is_some() && m.is_multiple_of(4),
+        cg.is_multiple_of(4) && m.is_multiple_of(4),
         cg.is_multiple_of(8) && m.is_multiple_of(8),
     ];
     if let Some((name, half)) = channels_last(be, "conv_backward_filter", fits, wide) {
-        let cp = if half { cg } else { cp.unwrap() };
-        let s = padded_shape(s, g, cp);
-        let cfg = vec_cfg(
-            grid(m, cp * g.k_h * g.k_w, g.groups * splits as usize, wide),
-            wide,
-        );
+        let cfg = vec_cfg(cfg, wide);
         let ohw = g.out_h() * g.out_w();
         let x_dims = [g.n, g.c_in, g.h * g.w];
-        return relayout(be, Scratch::X, x, x_dims, cp * g.groups, half, |xt| {
+        return relayout(be, Scratch::X, x, x_dims, g.c_in, half, |xt| {
             relayout(
                 be,
                 Scratch::Dy,
