@@ -4,7 +4,8 @@
 //! One file per kernel family; every `extern "ptx-kernel"` function is named
 //! `<op>_<direction>` and documents what it computes, its data layout and its
 //! grid/block mapping. The host launcher, CPU reference, test and benchmark use
-//! the same name. All tensors are fp32, NCHW, contiguous.
+//! the same name. Tensors are fp32, NCHW, contiguous, except the NHWC (fp32 or
+//! bf16) copies the channels-last convolutions make (`layout.rs`, `conv.rs`).
 #![no_std]
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, link_llvm_intrinsics)]
 #![feature(
