@@ -54,6 +54,27 @@ impl ConvShape {
     fn kk(&self) -> u32 {
         self.kh * self.kw
     }
+
+    /// The output position `(th/s, tw/s)` that input offset `(th, tw) =
+    /// (ih+p−kh, iw+p−kw)` comes from, `None` where the division is inexact
+    /// or the position lies outside the output (the data gradient's rule).
+    #[inline(always)]
+    fn out_pos(&self, th: i32, tw: i32) -> Option<(u32, u32)> {
+        let (oh, ow) = if self.stride == 1 {
+            (th as u32, tw as u32)
+        } else {
+            if th < 0 || tw < 0 {
+                return None;
+            }
+            let (th, tw) = (th as u32, tw as u32);
+            if th % self.stride != 0 || tw % self.stride != 0 {
+                return None;
+            }
+            (th / self.stride, tw / self.stride)
+        };
+        // A negative th or tw wraps to a huge unsigned value: out of range.
+        (oh < self.oh && ow < self.ow).then_some((oh, ow))
+    }
 }
 
 /// `BK` written in a three-digit mixed radix `(top, hi, lo)` with digit
@@ -341,24 +362,7 @@ impl Operand for GradPatches {
     #[inline(always)]
     fn src(&self, c: &GradPatchCursor, j: usize) -> Option<*const f32> {
         let s = &self.s;
-        let th = c.th0[j] - c.kh as i32;
-        let tw = c.tw0[j] - c.kw as i32;
-        let (oh, ow) = if s.stride == 1 {
-            (th as u32, tw as u32)
-        } else {
-            if th < 0 || tw < 0 {
-                return None;
-            }
-            let (th, tw) = (th as u32, tw as u32);
-            if th % s.stride != 0 || tw % s.stride != 0 {
-                return None;
-            }
-            (th / s.stride, tw / s.stride)
-        };
-        // A negative th or tw wraps to a huge unsigned value: out of range.
-        if oh >= s.oh || ow >= s.ow {
-            return None;
-        }
+        let (oh, ow) = s.out_pos(c.th0[j] - c.kh as i32, c.tw0[j] - c.kw as i32)?;
         Some(
             self.dy
                 .wrapping_add(c.plane[j] + c.f_off + oh as usize * s.ow as usize + ow as usize),
@@ -828,24 +832,7 @@ impl<const H: bool> VecOperand for NhwcGradPatches<H> {
     #[inline(always)]
     fn src(&self, c: &NhwcGradCursor, _: usize) -> Option<*const f32> {
         let s = &self.s;
-        let th = c.th0 - c.kh as i32;
-        let tw = c.tw0 - c.kw as i32;
-        let (oh, ow) = if s.stride == 1 {
-            (th as u32, tw as u32)
-        } else {
-            if th < 0 || tw < 0 {
-                return None;
-            }
-            let (th, tw) = (th as u32, tw as u32);
-            if th % s.stride != 0 || tw % s.stride != 0 {
-                return None;
-            }
-            (th / s.stride, tw / s.stride)
-        };
-        // A negative th or tw wraps to a huge unsigned value: out of range.
-        if oh >= s.oh || ow >= s.ow {
-            return None;
-        }
+        let (oh, ow) = s.out_pos(c.th0 - c.kh as i32, c.tw0 - c.kw as i32)?;
         let at = (oh * s.ow + ow) as usize * s.c_out as usize + c.f as usize;
         Some(elem_at(self.dy, c.img + at, H))
     }

@@ -217,7 +217,6 @@ pub(super) fn conv_backward_filter(
     let n_len = (g.c_in / g.groups) * g.k_h * g.k_w;
     let cfg = grid(m, n_len, g.groups * splits as usize, wide);
     let what = || format!("{g:?} splits={splits}");
-    let len = g.w_len();
     let cg = g.c_in / g.groups;
     let fits = [
         cg.is_multiple_of(4) && m.is_multiple_of(4),
@@ -235,23 +234,35 @@ pub(super) fn conv_backward_filter(
                 [g.n, g.c_out, ohw],
                 g.c_out,
                 half,
-                |dyt| {
-                    if splits == 1 {
-                        return launch!(be, name, cfg, what; &s, xt, dyt, dw, &splits);
-                    }
-                    be.with_workspace(len * splits as usize, |ws| {
-                    launch!(be, name, cfg, what; &s, xt, dyt, &mut *ws, &splits)?;
-                    launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits, &0u64, &1u32)
-                })
-                },
+                |dyt| filter_launch(be, name, cfg, &s, xt, dyt, dw, splits, &what),
             )
         });
     }
+    let name = be.gemm_kernel(gemm_names!("conv_backward_filter"), wide);
+    filter_launch(be, name, cfg, &s, x, dy, dw, splits, &what)
+}
+
+/// Launches weight-gradient kernel `name` (either engine: same parameters)
+/// straight into `dw`, or with `splits` > 1 into the split-K workspace
+/// followed by `splitk_reduce`.
+#[allow(clippy::too_many_arguments)]
+fn filter_launch(
+    be: &CudaBackend,
+    name: &'static str,
+    cfg: LaunchConfig,
+    s: &ConvShape,
+    x: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    dw: &mut CudaSlice<f32>,
+    splits: u32,
+    what: &dyn Fn() -> String,
+) -> Result<()> {
     if splits == 1 {
-        return launch!(be, be.gemm_kernel(gemm_names!("conv_backward_filter"), wide), cfg, what; &s, x, dy, dw, &splits);
+        return launch!(be, name, cfg, what; s, x, dy, dw, &splits);
     }
+    let len = dw.len();
     be.with_workspace(len * splits as usize, |ws| {
-        launch!(be, be.gemm_kernel(gemm_names!("conv_backward_filter"), wide), cfg, what; &s, x, dy, &mut *ws, &splits)?;
+        launch!(be, name, cfg, what; s, x, dy, &mut *ws, &splits)?;
         launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits, &0u64, &1u32)
     })
 }
