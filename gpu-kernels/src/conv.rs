@@ -649,8 +649,12 @@ pub unsafe extern "ptx-kernel" fn conv_backward_bias(
 // - filter:  k = (n, oh, ow), N index (kh, kw, c); A = dy (NHWC), B = x
 //   (NHWC) both copied along their channels; needs Cg and Fg multiples of
 //   the vector length.
-// A thread's B operand has one slot (B tiles are 64 wide).
+// A thread's B operand has `BSLOTS` vectors per tile (B tiles are 64 wide):
+// two pixels 32 apart (K-major) or two positions along k (filter).
 // ---------------------------------------------------------------------------
+
+/// Copy slots per thread of a 64-wide B tile of the vector engine.
+const BSLOTS: usize = 2;
 
 /// Moves the k position (tap `kh, kw` of a `_ × kw_len` filter, channel `c`
 /// of `cg`) one tile of `bk` along k: one tap step per wrap of the channel
@@ -676,14 +680,15 @@ struct NhwcPatches<const H: bool> {
     g: u32,
 }
 
-/// An `NhwcPatches` cursor: the tap (kh, kw) and channel c (as `tap` =
-/// (kh·W + kw)·C + c), the window origin `(ih0, iw0)` and the offset of that
-/// pixel's group channels (wrapping: it may lie outside x).
+/// An `NhwcPatches` cursor: the tap (kh, kw) and channel c shared by the
+/// thread's slots (as `tap` = (kh·W + kw)·C + c), and per slot (pixel) the
+/// window origin `(ih0, iw0)` and the offset of that pixel's group channels
+/// (wrapping: it may lie outside x).
 #[derive(Clone, Copy)]
 struct NhwcPatchCursor {
-    pix: usize,
-    ih0: i32,
-    iw0: i32,
+    pix: [usize; BSLOTS],
+    ih0: [i32; BSLOTS],
+    iw0: [i32; BSLOTS],
     kh: u32,
     kw: u32,
     c: u32,
@@ -702,29 +707,38 @@ impl<const H: bool> VecOperand for NhwcPatches<H> {
     const HALF: bool = H;
     type Cursor = NhwcPatchCursor;
     #[inline(always)]
-    fn open(&self, k: u32, n: u32, _: u32, _: u32) -> NhwcPatchCursor {
+    fn open(&self, k: u32, n: u32, _: u32, di: u32) -> NhwcPatchCursor {
         let s = &self.s;
         let (r, c) = (k / s.cg(), k % s.cg());
         let (kh, kw) = (r / s.kw, r % s.kw);
-        let (img, p) = (n / (s.oh * s.ow), n % (s.oh * s.ow));
-        let ih0 = ((p / s.ow) * s.stride) as i32 - s.pad as i32;
-        let iw0 = ((p % s.ow) * s.stride) as i32 - s.pad as i32;
-        let within = (img as isize * s.h as isize + ih0 as isize) * s.w as isize + iw0 as isize;
-        NhwcPatchCursor {
-            pix: ((within * s.c_in as isize) as usize).wrapping_add((self.g * s.cg()) as usize),
-            ih0,
-            iw0,
+        let mut cur = NhwcPatchCursor {
+            pix: [0; BSLOTS],
+            ih0: [0; BSLOTS],
+            iw0: [0; BSLOTS],
             kh,
             kw,
             c,
             tap: self.tap(kh, kw, c),
+        };
+        for j in 0..BSLOTS {
+            let n = n + di * j as u32;
+            let (img, p) = (n / (s.oh * s.ow), n % (s.oh * s.ow));
+            let ih0 = ((p / s.ow) * s.stride) as i32 - s.pad as i32;
+            let iw0 = ((p % s.ow) * s.stride) as i32 - s.pad as i32;
+            let within =
+                (img as isize * s.h as isize + ih0 as isize) * s.w as isize + iw0 as isize;
+            cur.pix[j] =
+                ((within * s.c_in as isize) as usize).wrapping_add((self.g * s.cg()) as usize);
+            cur.ih0[j] = ih0;
+            cur.iw0[j] = iw0;
         }
+        cur
     }
     #[inline(always)]
-    fn src(&self, c: &NhwcPatchCursor, _: usize) -> Option<*const f32> {
-        let (ih, iw) = (c.ih0 + c.kh as i32, c.iw0 + c.kw as i32);
+    fn src(&self, c: &NhwcPatchCursor, j: usize) -> Option<*const f32> {
+        let (ih, iw) = (c.ih0[j] + c.kh as i32, c.iw0[j] + c.kw as i32);
         if (ih as u32) < self.s.h && (iw as u32) < self.s.w {
-            Some(elem_at(self.x, c.pix.wrapping_add(c.tap), H))
+            Some(elem_at(self.x, c.pix[j].wrapping_add(c.tap), H))
         } else {
             None
         }
@@ -799,13 +813,14 @@ struct NhwcGradPatches<const H: bool> {
     g: u32,
 }
 
-/// An `NhwcGradPatches` cursor: the tap and filter f, the offset of the
-/// image's group channels in dy and `(ih+p, iw+p)`.
+/// An `NhwcGradPatches` cursor: the tap and filter f shared by the
+/// thread's slots, and per slot (pixel) the offset of the image's group
+/// channels in dy and `(ih+p, iw+p)`.
 #[derive(Clone, Copy)]
 struct NhwcGradCursor {
-    img: usize,
-    th0: i32,
-    tw0: i32,
+    img: [usize; BSLOTS],
+    th0: [i32; BSLOTS],
+    tw0: [i32; BSLOTS],
     kh: u32,
     kw: u32,
     f: u32,
@@ -816,25 +831,33 @@ impl<const H: bool> VecOperand for NhwcGradPatches<H> {
     const HALF: bool = H;
     type Cursor = NhwcGradCursor;
     #[inline(always)]
-    fn open(&self, k: u32, n: u32, _: u32, _: u32) -> NhwcGradCursor {
+    fn open(&self, k: u32, n: u32, _: u32, di: u32) -> NhwcGradCursor {
         let s = &self.s;
         let (r, f) = (k / s.fg(), k % s.fg());
-        let (img, p) = (n / (s.h * s.w), n % (s.h * s.w));
-        NhwcGradCursor {
-            img: img as usize * (s.oh * s.ow * s.c_out) as usize + (self.g * s.fg()) as usize,
-            th0: (p / s.w + s.pad) as i32,
-            tw0: (p % s.w + s.pad) as i32,
+        let mut cur = NhwcGradCursor {
+            img: [0; BSLOTS],
+            th0: [0; BSLOTS],
+            tw0: [0; BSLOTS],
             kh: r / s.kw,
             kw: r % s.kw,
             f,
+        };
+        for j in 0..BSLOTS {
+            let n = n + di * j as u32;
+            let (img, p) = (n / (s.h * s.w), n % (s.h * s.w));
+            cur.img[j] =
+                img as usize * (s.oh * s.ow * s.c_out) as usize + (self.g * s.fg()) as usize;
+            cur.th0[j] = (p / s.w + s.pad) as i32;
+            cur.tw0[j] = (p % s.w + s.pad) as i32;
         }
+        cur
     }
     #[inline(always)]
-    fn src(&self, c: &NhwcGradCursor, _: usize) -> Option<*const f32> {
+    fn src(&self, c: &NhwcGradCursor, j: usize) -> Option<*const f32> {
         let s = &self.s;
-        let (oh, ow) = s.out_pos(c.th0 - c.kh as i32, c.tw0 - c.kw as i32)?;
+        let (oh, ow) = s.out_pos(c.th0[j] - c.kh as i32, c.tw0[j] - c.kw as i32)?;
         let at = (oh * s.ow + ow) as usize * s.c_out as usize + c.f as usize;
-        Some(elem_at(self.dy, c.img + at, H))
+        Some(elem_at(self.dy, c.img[j] + at, H))
     }
     #[inline(always)]
     fn step(&self, c: &mut NhwcGradCursor) {
@@ -903,13 +926,14 @@ struct NhwcPatchesT<const H: bool> {
     step: Step,
 }
 
-/// An `NhwcPatchesT` cursor: the output position (image offset `img_off`,
-/// oh, ow), the column's channel offset and its tap offset `(kh−p, kw−p)`.
+/// An `NhwcPatchesT` cursor: the column's channel offset and its tap offset
+/// `(kh−p, kw−p)`, shared by the thread's slots, and per slot the output
+/// position (image offset `img_off`, oh, ow).
 #[derive(Clone, Copy)]
 struct NhwcPositionCursor {
-    img_off: usize,
-    oh: u32,
-    ow: u32,
+    img_off: [usize; BSLOTS],
+    oh: [u32; BSLOTS],
+    ow: [u32; BSLOTS],
     chan: usize,
     dh: i32,
     dw: i32,
@@ -920,28 +944,35 @@ impl<const H: bool> VecOperand for NhwcPatchesT<H> {
     const HALF: bool = H;
     type Cursor = NhwcPositionCursor;
     #[inline(always)]
-    fn open(&self, k: u32, n: u32, _: u32, _: u32) -> NhwcPositionCursor {
+    fn open(&self, k: u32, n: u32, dk: u32, _: u32) -> NhwcPositionCursor {
         let s = &self.s;
         let ohw = s.oh * s.ow;
-        let (img, p) = (k / ohw, k % ohw);
         let (r, c) = (n / s.cg(), n % s.cg());
-        NhwcPositionCursor {
-            img_off: img as usize * (s.h * s.w * s.c_in) as usize,
-            oh: p / s.ow,
-            ow: p % s.ow,
+        let mut cur = NhwcPositionCursor {
+            img_off: [0; BSLOTS],
+            oh: [0; BSLOTS],
+            ow: [0; BSLOTS],
             chan: (self.g * s.cg() + c) as usize,
             dh: (r / s.kw) as i32 - s.pad as i32,
             dw: (r % s.kw) as i32 - s.pad as i32,
+        };
+        for j in 0..BSLOTS {
+            let k = k + dk * j as u32;
+            let (img, p) = (k / ohw, k % ohw);
+            cur.img_off[j] = img as usize * (s.h * s.w * s.c_in) as usize;
+            cur.oh[j] = p / s.ow;
+            cur.ow[j] = p % s.ow;
         }
+        cur
     }
     #[inline(always)]
-    fn src(&self, c: &NhwcPositionCursor, _: usize) -> Option<*const f32> {
+    fn src(&self, c: &NhwcPositionCursor, j: usize) -> Option<*const f32> {
         let s = &self.s;
-        let ih = (c.oh * s.stride) as i32 + c.dh;
-        let iw = (c.ow * s.stride) as i32 + c.dw;
+        let ih = (c.oh[j] * s.stride) as i32 + c.dh;
+        let iw = (c.ow[j] * s.stride) as i32 + c.dw;
         if (ih as u32) < s.h && (iw as u32) < s.w {
             let at = (ih as usize * s.w as usize + iw as usize) * s.c_in as usize;
-            Some(elem_at(self.x, c.img_off + at + c.chan, H))
+            Some(elem_at(self.x, c.img_off[j] + at + c.chan, H))
         } else {
             None
         }
@@ -949,8 +980,10 @@ impl<const H: bool> VecOperand for NhwcPatchesT<H> {
     #[inline(always)]
     fn step(&self, c: &mut NhwcPositionCursor) {
         let s = &self.s;
-        let images = self.step.advance(&mut c.oh, &mut c.ow, s.oh, s.ow);
-        c.img_off += images as usize * (s.c_in * s.h * s.w) as usize;
+        for j in 0..BSLOTS {
+            let images = self.step.advance(&mut c.oh[j], &mut c.ow[j], s.oh, s.ow);
+            c.img_off[j] += images as usize * (s.c_in * s.h * s.w) as usize;
+        }
     }
     #[inline(always)]
     fn base(&self) -> *const f32 {

@@ -728,9 +728,11 @@ pub unsafe extern "ptx-kernel" fn splitk_reduce(
 /// of k (16 fp32 or 32 bf16) and 16 of padding, so the eight 16-byte rows
 /// of an `ldmatrix` phase hit 32 distinct banks.
 const VROW_BYTES: u32 = 80;
-/// Rows/columns of a tile between a thread's copy slots (but see
-/// [`gemm_tile_v`] for bf16 row-major tiles).
-pub const VSLOT_STRIDE: u32 = 64;
+/// Threads of a vector-engine block: four warps in a 2×2 grid, each owning
+/// a (BM/2)×32 slice of the tile.
+pub const VTHREADS: u32 = 128;
+/// Rows of a K-major tile between a thread's copy slots.
+const VSLOT_ROWS: u32 = VTHREADS / 4;
 /// k per shared tile of the vector engine: 16 fp32 or 32 bf16 (64 bytes).
 pub const fn vbk(half: bool) -> u32 {
     if half { 32 } else { 16 }
@@ -740,8 +742,7 @@ const fn vlen(half: bool) -> u32 {
     if half { 8 } else { 4 }
 }
 /// Bytes between k rows of a row-major (`[k][row]`) tile of `rows`: padded
-/// by 16 bytes (fp32) or 16 bytes (bf16) so fragment reads spread over the
-/// banks.
+/// by 16 bytes so fragment reads spread over the banks.
 const fn rm_stride(half: bool, rows: u32) -> u32 {
     if half { (rows + 8) * 2 } else { (rows + 4) * 4 }
 }
@@ -775,8 +776,10 @@ pub fn elem_at(p: *const f32, off: usize, half: bool) -> *const f32 {
 /// `K_MAJOR`: a vector runs along k and the shared tile is `[row][k]` (read
 /// with `ldmatrix`); otherwise it runs along rows of A / columns of B and the
 /// tile is `[k][row]`. As in [`Operand`], a thread opens one cursor once and
-/// steps it `vbk(HALF)` along k each tile; its vectors ("slots") lie at fixed
-/// displacements from the cursor.
+/// steps it `vbk(HALF)` along k each tile; its vectors ("slots": R/32 of
+/// them for a tile of R rows, so 2 for B) lie at fixed displacements from
+/// the cursor: along rows for a K-major operand (`dk = 0`), along k
+/// otherwise (`di = 0`).
 pub trait VecOperand {
     const K_MAJOR: bool;
     const HALF: bool;
@@ -792,19 +795,20 @@ pub trait VecOperand {
     fn base(&self) -> *const f32;
 }
 
-/// The vector engine: the same `bm(WIDE)`×64 tile, warps, accumulators and
-/// epilogue as [`gemm_tile`] (TF32 or BF16 only), with operands copied in
-/// 16-byte `cp.async` vectors, 1 or 2 per thread per tile. The launcher
-/// guarantees whole vectors: `k_end − k_begin` a multiple of the vector
-/// length for a K-major operand, `m_total` / `n_total` multiples of it for
-/// the others.
+/// The vector engine: a `bm(WIDE)`×64 tile of C per block of [`VTHREADS`]
+/// (TF32 or BF16 only), warp w owning rows `BM/2·(w / 2)..` and columns
+/// `32·(w % 2)..` as (BM/32)×4 16×8 accumulators (see [`vtc_coord`]), the
+/// same epilogue as [`gemm_tile`]. Operands are copied in 16-byte `cp.async`
+/// vectors, R/32 per thread per tile of R rows. The launcher guarantees
+/// whole vectors: `k_end − k_begin` a multiple of the vector length for a
+/// K-major operand, `m_total` / `n_total` multiples of it for the others.
 ///
 /// `HALF` (bf16 products only): both operands are stored as bf16, a tile is
 /// 32 deep, and every fragment comes straight from `ldmatrix` (`.trans` for
 /// `[k][row]` tiles) with no conversion. Thread placement per operand tile
-/// of R rows: K-major, k = vlen·(tid % 4), row tid / 4, slots 64 rows apart;
-/// row-major fp32, k = tid / 16, rows 4·(tid % 16), slots 64 rows apart;
-/// row-major bf16, rows 8·(tid % (R/8)), k = tid / (R/8), slots 16 k apart.
+/// of R rows: K-major, k = vlen·(tid % 4), row tid / 4, slots 32 rows
+/// apart; row-major, rows vlen·(tid % (R/vlen)), k = tid / (R/vlen), slots
+/// 128·vlen/R k apart.
 ///
 /// fp32 storage: fragments of a K-major tile come from `ldmatrix` (one `x4`
 /// is a TF32 A fragment, 16 rows × 8 k, or a B fragment pair, 8 columns ×
@@ -841,43 +845,40 @@ pub unsafe fn gemm_tile_v<
 
     // Returns (k, row, byte offset in the tile, slot dk, slot di, slot bytes).
     let place = |k_major: bool, rows: u32| -> (u32, u32, u32, u32, u32, u32) {
-        let st = rm_stride(HALF, rows);
         if k_major {
             let (k, r) = (vlen(HALF) * (tid % 4), tid / 4);
-            let slot = VSLOT_STRIDE * VROW_BYTES;
-            (k, r, r * VROW_BYTES + 16 * (tid % 4), 0, VSLOT_STRIDE, slot)
-        } else if HALF {
-            let per_k = rows / 8;
-            let (k, r) = (tid / per_k, 8 * (tid % per_k));
-            let dk = THREADS / per_k;
-            (k, r, k * st + 2 * r, dk, 0, dk * st)
+            let slot = VSLOT_ROWS * VROW_BYTES;
+            (k, r, r * VROW_BYTES + 16 * (tid % 4), 0, VSLOT_ROWS, slot)
         } else {
-            let (k, r) = (tid / 16, 4 * (tid % 16));
-            (k, r, k * st + 4 * r, 0, VSLOT_STRIDE, 4 * VSLOT_STRIDE)
+            let st = rm_stride(HALF, rows);
+            let per_k = rows / vlen(HALF);
+            let (k, r) = (tid / per_k, vlen(HALF) * (tid % per_k));
+            let dk = VTHREADS / per_k;
+            (k, r, k * st + 16 / vlen(HALF) * r, dk, 0, dk * st)
         }
     };
     let (a_k, a_i, a_dst, a_dk, a_di, a_slot) = place(A::K_MAJOR, bm(WIDE));
-    let (b_k, b_i, b_dst, _, _, _) = place(B::K_MAJOR, BN);
+    let (b_k, b_i, b_dst, b_dk, b_di, b_slot) = place(B::K_MAJOR, BN);
     let mut ca = a.open(k_begin + a_k, m0 + a_i, a_dk, a_di);
-    let mut cb = b.open(k_begin + b_k, n0 + b_i, 0, 0);
+    let mut cb = b.open(k_begin + b_k, n0 + b_i, b_dk, b_di);
     let (a_dummy, b_dummy) = (a.base(), b.base());
-    let a_slots = bm(WIDE) / VSLOT_STRIDE;
+    let a_slots = bm(WIDE) / VSLOT_ROWS;
+    let b_slots = BN / VSLOT_ROWS;
 
     let mut issue = |stage: u32, k0: u32| {
         let base = smem_addr + stage * stage_bytes;
-        for j in 0..2u32 {
+        for j in 0..4u32 {
             if j < a_slots {
                 let inside = k0 + a_k + a_dk * j < k_end && m0 + a_i + a_di * j < m_total;
                 let src = if inside { a.src(&ca, j as usize) } else { None };
                 unsafe { cp_async_v4(base + a_dst + a_slot * j, src, a_dummy) };
             }
         }
-        let src = if k0 + b_k < k_end && n0 + b_i < n_total {
-            b.src(&cb, 0)
-        } else {
-            None
-        };
-        unsafe { cp_async_v4(base + b_off + b_dst, src, b_dummy) };
+        for j in 0..b_slots {
+            let inside = k0 + b_k + b_dk * j < k_end && n0 + b_i + b_di * j < n_total;
+            let src = if inside { b.src(&cb, j as usize) } else { None };
+            unsafe { cp_async_v4(base + b_off + b_dst + b_slot * j, src, b_dummy) };
+        }
         a.step(&mut ca);
         b.step(&mut cb);
     };
@@ -897,7 +898,7 @@ pub unsafe fn gemm_tile_v<
         write = next_stage(write);
     }
 
-    let mut acc = [[0.0f32; 4]; 8];
+    let mut acc = [[0.0f32; 4]; 16];
     let mut read = 0u32;
     for t in 0..tiles {
         if WIDE {
@@ -925,10 +926,10 @@ pub unsafe fn gemm_tile_v<
     cp_async_wait::<0>();
 
     let store = |p: u32, v: u32| {
-        if p >= 4 && !WIDE {
+        if p >= 4 * (bm(WIDE) / 32) {
             return;
         }
-        let (mi, ni) = tc_coord::<WIDE>(tid, p, v);
+        let (mi, ni) = vtc_coord::<WIDE>(tid, p, v);
         let (m, n) = (m0 + mi, n0 + ni);
         if m < m_total && n < n_total {
             unsafe { e.store(m, n, acc[p as usize][v as usize]) };
@@ -937,7 +938,21 @@ pub unsafe fn gemm_tile_v<
     macro_rules! store_rows {
         ($($p:literal)*) => { $( store($p, 0); store($p, 1); store($p, 2); store($p, 3); )* };
     }
-    store_rows!(0 1 2 3 4 5 6 7);
+    store_rows!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+}
+
+/// Tile coordinates of the vector engine's accumulator `acc[p][v]`: warp w
+/// owns rows `BM/2·(w / 2)..` and columns `32·(w % 2)..`; p = 4·mi + nj is
+/// the 16×8 block at rows `16·mi..`, columns `8·nj..` of that, v which of
+/// its four values.
+#[inline(always)]
+fn vtc_coord<const WIDE: bool>(tid: u32, p: u32, v: u32) -> (u32, u32) {
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let (mi, nj) = (p / 4, p % 4);
+    let row = (bm(WIDE) / 2) * (warp / 2) + 16 * mi + g + 8 * (v / 2);
+    let col = 32 * (warp % 2) + 8 * nj + 2 * t + v % 2;
+    (row, col)
 }
 
 /// One float of a shared tile at window address `addr`.
@@ -974,15 +989,15 @@ unsafe fn frag_words(k_major: bool, tile: u32, x0: u32, stride: u32) -> [u32; 4]
 }
 
 /// Products of one fp32 shared K tile for the vector engine: per warp, its
-/// (BM/4)×32 slice as four or eight 16×8 accumulators (see [`tc_coord`]).
+/// (BM/2)×32 slice as (BM/32)×4 16×8 accumulators (see [`vtc_coord`]).
 #[inline(always)]
 unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const WIDE: bool>(
     a_s: u32,
     b_s: u32,
-    acc: &mut [[f32; 4]; 8],
+    acc: &mut [[f32; 4]; 16],
 ) {
     let warp = tid_x() / 32;
-    let row0 = (bm(WIDE) / 4) * (warp / 2);
+    let row0 = (bm(WIDE) / 2) * (warp / 2);
     let col0 = 32 * (warp % 2);
     let a_stride = rm_stride(false, bm(WIDE));
     let b_stride = rm_stride(false, BN);
@@ -991,12 +1006,11 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const WIDE: bo
     let bw = |nj: u32| unsafe { frag_words(B::K_MAJOR, b_s, col0 + 8 * nj, b_stride) };
     let aw = |r: u32| unsafe { frag_words(A::K_MAJOR, a_s, r, a_stride) };
     let b = [bw(0), bw(1), bw(2), bw(3)];
-    let mis = if WIDE { 2 } else { 1 };
     if MODE == TF32 {
         let tf = |w: u32| to_tf32(f32::from_bits(w));
         // k8 step s reads k = 8s + t and 8s + t + 4: words 2s and 2s + 1.
         let bt = b.map(|w| w.map(tf));
-        for mi in 0..mis {
+        let mut rows = |mi: u32| {
             let lo = aw(row0 + 16 * mi).map(tf);
             let hi = aw(row0 + 16 * mi + 8).map(tf);
             for s in 0..2usize {
@@ -1006,14 +1020,15 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const WIDE: bo
                     acc[p] = mma_tf32(a, [bt[nj][2 * s], bt[nj][2 * s + 1]], acc[p]);
                 }
             }
-        }
+        };
+        each_mi::<WIDE>(&mut rows);
     } else {
         let pk = |w: [u32; 4]| {
             let f = |i: usize| f32::from_bits(w[i]);
             [pack_bf16(f(0), f(1)), pack_bf16(f(2), f(3))]
         };
         let bp = b.map(pk);
-        for mi in 0..mis {
+        let mut rows = |mi: u32| {
             let lo = pk(aw(row0 + 16 * mi));
             let hi = pk(aw(row0 + 16 * mi + 8));
             let a = [lo[0], hi[0], lo[1], hi[1]];
@@ -1021,7 +1036,20 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const WIDE: bo
                 let p = 4 * mi as usize + nj;
                 acc[p] = mma_bf16(a, bp[nj], acc[p]);
             }
-        }
+        };
+        each_mi::<WIDE>(&mut rows);
+    }
+}
+
+/// Calls `f(mi)` for each 16-row block of a warp's slice, `mi < BM/32`,
+/// written out so that accumulator indices stay constants (registers).
+#[inline(always)]
+fn each_mi<const WIDE: bool>(f: &mut impl FnMut(u32)) {
+    f(0);
+    f(1);
+    if WIDE {
+        f(2);
+        f(3);
     }
 }
 
@@ -1033,11 +1061,11 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const WIDE: bo
 unsafe fn vmma_tile_half<A: VecOperand, B: VecOperand, const WIDE: bool>(
     a_s: u32,
     b_s: u32,
-    acc: &mut [[f32; 4]; 8],
+    acc: &mut [[f32; 4]; 16],
 ) {
     let lane = tid_x() % 32;
     let warp = tid_x() / 32;
-    let row0 = (bm(WIDE) / 4) * (warp / 2);
+    let row0 = (bm(WIDE) / 2) * (warp / 2);
     let col0 = 32 * (warp % 2);
     let (l8, q) = (lane % 8, lane / 8);
     let a_stride = rm_stride(true, bm(WIDE));
@@ -1060,16 +1088,16 @@ unsafe fn vmma_tile_half<A: VecOperand, B: VecOperand, const WIDE: bool>(
         }
     };
     let b = [bfrag(col0), bfrag(col0 + 8), bfrag(col0 + 16), bfrag(col0 + 24)];
-    let mis = if WIDE { 2 } else { 1 };
     for s in 0..2u32 {
-        for mi in 0..mis {
+        let mut rows = |mi: u32| {
             let a = afrag(row0 + 16 * mi, s);
             for nj in 0..4usize {
                 let p = 4 * mi as usize + nj;
                 let bs = [b[nj][2 * s as usize], b[nj][2 * s as usize + 1]];
                 acc[p] = mma_bf16(a, bs, acc[p]);
             }
-        }
+        };
+        each_mi::<WIDE>(&mut rows);
     }
 }
 

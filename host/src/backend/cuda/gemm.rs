@@ -1,5 +1,6 @@
 //! Launchers for the fully connected kernels: `fc_forward`, `fc_backward_data`,
-//! `fc_backward_filter` (64- or 128-row × 64 output tiles of 256 threads, grid
+//! `fc_backward_filter` (64- or 128-row × 64 output tiles of 256 threads, or
+//! 128 on the vector engine; grid
 //! x over the GEMM's N and y over its M; see `gpu-kernels/src/gemm.rs`), the
 //! first two split over K into grid z when their M = batch leaves the GPU
 //! short of blocks (partials summed by `splitk_reduce`, in a fixed order),
@@ -39,12 +40,14 @@ fn gemm_shared_bytes(wide: bool) -> u32 {
     }
 }
 
-/// `cfg` with the vector engine's shared memory (`gemm::vshared_bytes`: 3
-/// or 4 stages of (rows + 64) × 20 floats).
+/// `cfg` for the vector engine: blocks of `gemm::VTHREADS` (128) threads and
+/// its shared memory (`gemm::vshared_bytes`: 3 or 4 stages of (rows + 64) ×
+/// 20 floats).
 pub(super) fn vec_cfg(cfg: LaunchConfig, wide: bool) -> LaunchConfig {
     let stages = if wide { 3 } else { 4 };
     let rows = if wide { 128 } else { 64 };
     LaunchConfig {
+        block_dim: (128, 1, 1),
         shared_mem_bytes: stages * (rows + 64) * 20 * 4,
         ..cfg
     }
