@@ -274,6 +274,20 @@ fn main() -> Result<()> {
         })?;
     }
 
+    // conv1's input cut into window rows (the row-patch conv path).
+    {
+        let g = convs[0].1;
+        let src = rand_buf(&b.be, g.x_len(), 260)?;
+        for (kernel, rw, half) in [("row_patches", 36, false), ("row_patches_bf16", 40, true)] {
+            let rg = RowGeom::patches(&g, rw);
+            let mut dst = b.be.zeros(rg.len())?;
+            let bytes = 4.0 * rg.src_len() as f64 + if half { 2.0 } else { 4.0 } * rg.len() as f64;
+            b.run(kernel, &format!("conv1 x rw{rw}"), 0.0, bytes, |be| {
+                be.row_patches(&src, &mut dst, &rg, half)
+            })?;
+        }
+    }
+
     for (name, c, hw) in [("lrn1 96x55x55", 96, 55), ("lrn2 256x27x27", 256, 27)] {
         let p = LrnParams {
             n,

@@ -119,6 +119,7 @@ const TESTS: &[(&str, Test)] = &[
     ("conv_backward_filter", conv_backward_filter),
     ("conv_backward_bias", conv_backward_bias),
     ("transpose", transpose),
+    ("row_patches", row_patches),
     ("fc_forward", fc_forward),
     ("fc_backward_data", fc_backward_data),
     ("fc_backward_filter", fc_backward_filter),
@@ -259,6 +260,10 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
         (
             "nhwc batch1 1x16x5x5 -> 16 k3 s1 p0",
             g(1, 16, 5, 5, 16, 3, 1, 0, 1),
+        ),
+        (
+            "rows fwd+filter 3x3x19x15 -> 16 k5 s2 p2",
+            g(3, 3, 19, 15, 16, 5, 2, 2, 1),
         ),
         (
             "alexnet conv1 n2 3x224 -> 96 k11 s4 p2",
@@ -537,6 +542,69 @@ fn transpose(c: &mut Ctx) -> Result<()> {
             &[1.0],
             0.0,
         );
+    }
+    Ok(())
+}
+
+/// `row_patches` (fp32, exact) and `row_patches_bf16` (bit for bit)
+/// against their CPU twins, on poisoned destinations, for a convolution's
+/// input and its filter bank.
+fn row_patches(c: &mut Ctx) -> Result<()> {
+    let conv = |n, c_in, h, w, c_out, k, stride, pad| ConvGeom {
+        n,
+        c_in,
+        h,
+        w,
+        c_out,
+        k_h: k,
+        k_w: k,
+        stride,
+        pad,
+        groups: 1,
+    };
+    let cases = keep(vec![
+        (
+            "odd 3x3x19x15 k5 s2 p2 rw16",
+            (conv(3, 3, 19, 15, 16, 5, 2, 2), 16),
+        ),
+        (
+            "batch1 1x5x9x9 k3 s1 p0 rw20",
+            (conv(1, 5, 9, 9, 8, 3, 1, 0), 20),
+        ),
+        (
+            "alexnet conv1 n2 rw40",
+            (conv(2, 3, 224, 224, 96, 11, 4, 2), 40),
+        ),
+    ]);
+    for (case, (g, rw)) in cases {
+        for (what, rg, src) in [
+            ("x", RowGeom::patches(&g, rw), c.randn(g.x_len(), 1.0)),
+            ("w", RowGeom::filters(&g, rw), c.randn(g.w_len(), 1.0)),
+        ] {
+            let want = host::backend::cpu::layout::row_patches(&src, &rg);
+            let gsrc = c.gpu.upload(&src)?;
+            let mut gdst = c.gpu.poisoned(want.len())?;
+            c.gpu.row_patches(&gsrc, &mut gdst, &rg, false)?;
+            let got = c.gpu.download(&gdst)?;
+            c.check("row_patches", &format!("{case} {what}"), &got, &want, 0.0);
+            let want16 = host::backend::cpu::layout::row_patches_bf16(&src, &rg);
+            let mut gdst = c.gpu.poisoned(want16.len().div_ceil(2))?;
+            c.gpu.row_patches(&gsrc, &mut gdst, &rg, true)?;
+            let got16: Vec<u16> = c
+                .gpu
+                .download(&gdst)?
+                .iter()
+                .flat_map(|w| [w.to_bits() as u16, (w.to_bits() >> 16) as u16])
+                .take(want16.len())
+                .collect();
+            c.check(
+                "row_patches_bf16",
+                &format!("{case} {what} bitwise"),
+                &[(got16 == want16) as u8 as f32],
+                &[1.0],
+                0.0,
+            );
+        }
     }
     Ok(())
 }

@@ -18,7 +18,7 @@
 use crate::device::{bdim_x, bid_x, bid_y, bid_z, block_sum, shared, tid_x};
 use crate::gemm::{
     BK, Epilogue, Operand, SLOT_STRIDE, Strided, VStrided, VecOperand, elem_at, gemm_kernels,
-    gemm_tile, gemm_tile_v, split_range, vbk,
+    gemm_tile, gemm_tile_v, split_range, vbk, vlen,
 };
 
 /// Convolution shape, passed by value to every conv kernel.
@@ -1065,3 +1065,279 @@ gemm_kernels!(conv_backward_filter_nhwc_impl (s: ConvShape, x: *const f32, dy: *
     conv_backward_filter_nhwc_tf32: TF32, false; conv_backward_filter_nhwc_bf16: BF16, false; conv_backward_filter_nhwc_tf32_wide: TF32, true; conv_backward_filter_nhwc_bf16_wide: BF16, true);
 gemm_kernels!(conv_backward_filter_nhwc16_impl (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
     conv_backward_filter_nhwc16_bf16: BF16, false; conv_backward_filter_nhwc16_bf16_wide: BF16, true);
+
+// ---------------------------------------------------------------------------
+// Row-patch products for layers with few channels and one group (conv1: 3
+// channels, 11×11, stride 4). The launcher cuts x into the rows of its
+// windows with `layout::row_patches`: `P[n][r][ow][rw]`, r < RH =
+// stride·(OH−1) + KH, where element j = kw·C + c of a row is tap kw,
+// channel c (zero-padded to `rw`, the next multiple of the vector length:
+// 36 for conv1 in fp32, 40 in bf16). The filter bank goes through the same
+// kernel into `[F][KH][rw]`. Then k = (kh, j): K = KH·rw, and every vector
+// of a patch is 16 contiguous bytes of P, with no bounds checks (the
+// padding is in P). `_rows_tf32` reads fp32 copies (tiles 16 deep),
+// `_rows16_bf16` bf16 copies (32 deep).
+// - forward: A = filter rows (K-major), B = patches (K-major).
+// - filter:  k = (n, oh, ow), N index (kh, j); A = dy (NHWC), B = P rows;
+//   needs F a multiple of the vector length. Columns j ≥ KW·C are dropped.
+// ---------------------------------------------------------------------------
+
+/// Elements of one stored window row: `KW·C` rounded up to whole vectors.
+#[inline(always)]
+fn row_len(s: &ConvShape, half: bool) -> u32 {
+    (s.kw * s.c_in).next_multiple_of(vlen(half))
+}
+
+/// Rows of P per image.
+#[inline(always)]
+fn patch_rows(s: &ConvShape) -> u32 {
+    s.stride * (s.oh - 1) + s.kh
+}
+
+/// P gathered as B((kh, j), (n, oh, ow)), K-major.
+struct RowPatches<const H: bool> {
+    p: *const f32,
+    s: ConvShape,
+}
+
+/// A `RowPatches` cursor: (kh, j) shared by the thread's slots, and per slot
+/// the offset of its window's first row in P.
+#[derive(Clone, Copy)]
+struct RowPatchCursor {
+    base: [usize; BSLOTS],
+    kh: u32,
+    j: u32,
+}
+
+impl<const H: bool> VecOperand for RowPatches<H> {
+    const K_MAJOR: bool = true;
+    const HALF: bool = H;
+    type Cursor = RowPatchCursor;
+    #[inline(always)]
+    fn open(&self, k: u32, n: u32, _: u32, di: u32) -> RowPatchCursor {
+        let s = &self.s;
+        let rw = row_len(s, H);
+        let mut cur = RowPatchCursor {
+            base: [0; BSLOTS],
+            kh: k / rw,
+            j: k % rw,
+        };
+        for slot in 0..BSLOTS {
+            let n = n + di * slot as u32;
+            let (img, p) = (n / (s.oh * s.ow), n % (s.oh * s.ow));
+            let r = img * patch_rows(s) + s.stride * (p / s.ow);
+            cur.base[slot] = (r as usize * s.ow as usize + (p % s.ow) as usize) * rw as usize;
+        }
+        cur
+    }
+    #[inline(always)]
+    fn src(&self, c: &RowPatchCursor, slot: usize) -> Option<*const f32> {
+        let s = &self.s;
+        let at = (c.kh * s.ow) as usize * row_len(s, H) as usize + c.j as usize;
+        Some(elem_at(self.p, c.base[slot] + at, H))
+    }
+    #[inline(always)]
+    fn step(&self, c: &mut RowPatchCursor) {
+        let rw = row_len(&self.s, H);
+        c.j += vbk(H);
+        while c.j >= rw {
+            c.j -= rw;
+            c.kh += 1;
+        }
+    }
+    #[inline(always)]
+    fn base(&self) -> *const f32 {
+        self.p
+    }
+}
+
+/// Convolution forward from row patches `p` and filter rows `wr` (fp32, or
+/// bf16 when `H`); writes y (NCHW) like `conv_forward`. Grid
+/// (⌈N·OH·OW/64⌉, ⌈F/BM⌉, 1), `gemm::vshared_bytes(wide)` of dynamic shared
+/// memory.
+#[inline(always)]
+unsafe fn conv_forward_rows_any<const MODE: u8, const WIDE: bool, const H: bool>(
+    s: ConvShape,
+    p: *const f32,
+    wr: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+) {
+    let k_len = s.kh * row_len(&s, H);
+    let a = VStrided::<true, H> {
+        p: wr,
+        ks: 1,
+        is: k_len as usize,
+    };
+    let b = RowPatches::<H> { p, s };
+    let e = StoreOutput { y, bias, s, g: 0 };
+    let n = s.n * s.oh * s.ow;
+    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, H>(&a, &b, &e, s.c_out, n, 0, k_len) };
+}
+
+unsafe fn conv_forward_rows_impl<const MODE: u8, const WIDE: bool>(
+    s: ConvShape,
+    p: *const f32,
+    wr: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+) {
+    unsafe { conv_forward_rows_any::<MODE, WIDE, false>(s, p, wr, bias, y) }
+}
+
+unsafe fn conv_forward_rows16_impl<const MODE: u8, const WIDE: bool>(
+    s: ConvShape,
+    p: *const f32,
+    wr: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+) {
+    unsafe { conv_forward_rows_any::<MODE, WIDE, true>(s, p, wr, bias, y) }
+}
+
+gemm_kernels!(conv_forward_rows_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
+    conv_forward_rows_tf32: TF32, false; conv_forward_rows_tf32_wide: TF32, true);
+gemm_kernels!(conv_forward_rows16_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
+    conv_forward_rows16_bf16: BF16, false; conv_forward_rows16_bf16_wide: BF16, true);
+
+/// P gathered as B((n, oh, ow), (kh, j)), copied along j.
+struct RowPatchesT<const H: bool> {
+    p: *const f32,
+    s: ConvShape,
+    step: Step,
+}
+
+/// A `RowPatchesT` cursor: the column's offset `kh·OW·rw + j`, shared by the
+/// thread's slots, and per slot the output position (image offset
+/// `img_off` in P, oh, ow).
+#[derive(Clone, Copy)]
+struct RowPositionCursor {
+    img_off: [usize; BSLOTS],
+    oh: [u32; BSLOTS],
+    ow: [u32; BSLOTS],
+    col: usize,
+}
+
+impl<const H: bool> VecOperand for RowPatchesT<H> {
+    const K_MAJOR: bool = false;
+    const HALF: bool = H;
+    type Cursor = RowPositionCursor;
+    #[inline(always)]
+    fn open(&self, k: u32, n: u32, dk: u32, _: u32) -> RowPositionCursor {
+        let s = &self.s;
+        let (rw, ohw) = (row_len(s, H), s.oh * s.ow);
+        let mut cur = RowPositionCursor {
+            img_off: [0; BSLOTS],
+            oh: [0; BSLOTS],
+            ow: [0; BSLOTS],
+            col: ((n / rw) * s.ow) as usize * rw as usize + (n % rw) as usize,
+        };
+        for slot in 0..BSLOTS {
+            let k = k + dk * slot as u32;
+            let (img, p) = (k / ohw, k % ohw);
+            cur.img_off[slot] = img as usize * (patch_rows(s) * s.ow) as usize * rw as usize;
+            cur.oh[slot] = p / s.ow;
+            cur.ow[slot] = p % s.ow;
+        }
+        cur
+    }
+    #[inline(always)]
+    fn src(&self, c: &RowPositionCursor, slot: usize) -> Option<*const f32> {
+        let s = &self.s;
+        let win = (s.stride * c.oh[slot] * s.ow + c.ow[slot]) as usize * row_len(s, H) as usize;
+        Some(elem_at(self.p, c.img_off[slot] + win + c.col, H))
+    }
+    #[inline(always)]
+    fn step(&self, c: &mut RowPositionCursor) {
+        let s = &self.s;
+        let image = (patch_rows(s) * s.ow) as usize * row_len(s, H) as usize;
+        for slot in 0..BSLOTS {
+            let images = self.step.advance(&mut c.oh[slot], &mut c.ow[slot], s.oh, s.ow);
+            c.img_off[slot] += images as usize * image;
+        }
+    }
+    #[inline(always)]
+    fn base(&self) -> *const f32 {
+        self.p
+    }
+}
+
+/// Stores a split-K partial of dw from GEMM column `kh·rw + j` (dropped for
+/// `j ≥ KW·C`), at `ws[slice·len(dw) + idx(dw)]`, dw in `[F][C][KH][KW]`.
+struct StoreFilterGradRows {
+    ws: *mut f32,
+    s: ConvShape,
+    rw: u32,
+}
+
+impl Epilogue for StoreFilterGradRows {
+    #[inline(always)]
+    unsafe fn store(&self, m: u32, n: u32, acc: f32) {
+        let s = &self.s;
+        let (kh, j) = (n / self.rw, n % self.rw);
+        if j < s.kw * s.c_in {
+            let (kw, c) = (j / s.c_in, j % s.c_in);
+            let idx = ((m * s.c_in + c) * s.kh + kh) * s.kw + kw;
+            unsafe { *self.ws.add(idx as usize) = acc };
+        }
+    }
+}
+
+/// Convolution weight gradient from row patches `p` and NHWC dy (fp32, or
+/// bf16 when `H`), one split-K slice per z; writes dw (or its partials in
+/// `ws`) like `conv_backward_filter`. Grid (⌈KH·rw/64⌉, ⌈F/BM⌉, splits),
+/// `gemm::vshared_bytes(wide)` of dynamic shared memory.
+#[inline(always)]
+unsafe fn conv_backward_filter_rows_any<const MODE: u8, const WIDE: bool, const H: bool>(
+    s: ConvShape,
+    p: *const f32,
+    dy: *const f32,
+    ws: *mut f32,
+    splits: u32,
+) {
+    let slice = bid_z();
+    let (k_begin, k_end) = split_range(s.n * s.oh * s.ow, splits, slice);
+    let rw = row_len(&s, H);
+    let dw_len = (s.c_out * s.c_in * s.kk()) as usize;
+    let a = VStrided::<false, H> {
+        p: dy,
+        ks: s.c_out as usize,
+        is: 1,
+    };
+    let b = RowPatchesT::<H> {
+        p,
+        s,
+        step: Step::with(vbk(H), s.oh, s.ow),
+    };
+    let e = StoreFilterGradRows {
+        ws: ws.wrapping_add(slice as usize * dw_len),
+        s,
+        rw,
+    };
+    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, H>(&a, &b, &e, s.c_out, s.kh * rw, k_begin, k_end) };
+}
+
+unsafe fn conv_backward_filter_rows_impl<const MODE: u8, const WIDE: bool>(
+    s: ConvShape,
+    p: *const f32,
+    dy: *const f32,
+    ws: *mut f32,
+    splits: u32,
+) {
+    unsafe { conv_backward_filter_rows_any::<MODE, WIDE, false>(s, p, dy, ws, splits) }
+}
+
+unsafe fn conv_backward_filter_rows16_impl<const MODE: u8, const WIDE: bool>(
+    s: ConvShape,
+    p: *const f32,
+    dy: *const f32,
+    ws: *mut f32,
+    splits: u32,
+) {
+    unsafe { conv_backward_filter_rows_any::<MODE, WIDE, true>(s, p, dy, ws, splits) }
+}
+
+gemm_kernels!(conv_backward_filter_rows_impl (s: ConvShape, p: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
+    conv_backward_filter_rows_tf32: TF32, false; conv_backward_filter_rows_tf32_wide: TF32, true);
+gemm_kernels!(conv_backward_filter_rows16_impl (s: ConvShape, p: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
+    conv_backward_filter_rows16_bf16: BF16, false; conv_backward_filter_rows16_bf16_wide: BF16, true);

@@ -10,25 +10,46 @@
 //! are free of bank conflicts); each thread copies four elements, reading
 //! along `cols` and writing along `rows`, both coalesced. Grid
 //! (⌈cols/32⌉, ⌈rows_out/32⌉, batches), 32×33 floats of dynamic shared memory.
+//!
+//! `row_patches` (and `row_patches_bf16`) cut an NCHW tensor into the rows of
+//! a strided convolution's windows, for layers with few channels (conv1):
+//! `dst[b][r][o][j] = src[b][c][r − pad][stride·o − pad + kw]` with
+//! `j = kw·C + c < KW·C`, zero outside the image and for `KW·C ≤ j < rw`
+//! (rows padded to whole 16-byte vectors). A window's row `kh` is then `rw`
+//! contiguous elements, so the product reads whole vectors with no bounds
+//! checks. One thread per pair of adjacent output elements (stores
+//! coalesced); 1-D grid-stride.
 
-use crate::device::{bid_x, bid_y, bid_z, pack_bf16, shared, sync_threads, tid_x, tid_y};
+use crate::device::{
+    bid_x, bid_y, bid_z, grid_stride, pack_bf16, shared, sync_threads, tid_x, tid_y,
+};
 
 const TILE: u32 = 32;
 
-/// An element type `transpose_any` can store.
+/// An element type the layout kernels can store.
 trait Store: Copy {
     fn from_f32(v: f32) -> Self;
+    /// Stores `lo, hi` at elements `i, i + 1` of `dst` (`i` even).
+    unsafe fn store_pair(dst: *mut Self, i: usize, lo: f32, hi: f32);
 }
 impl Store for f32 {
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         v
     }
+    #[inline(always)]
+    unsafe fn store_pair(dst: *mut f32, i: usize, lo: f32, hi: f32) {
+        unsafe { *(dst.add(i) as *mut [f32; 2]) = [lo, hi] };
+    }
 }
 impl Store for u16 {
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         (pack_bf16(v, 0.0) & 0xffff) as u16
+    }
+    #[inline(always)]
+    unsafe fn store_pair(dst: *mut u16, i: usize, lo: f32, hi: f32) {
+        unsafe { *(dst.add(i) as *mut u32) = pack_bf16(lo, hi) };
     }
 }
 
@@ -87,5 +108,63 @@ unsafe fn transpose_any<T: Store>(
             };
             unsafe { *dst.add(c as usize * rows_out as usize + r as usize) = T::from_f32(v) };
         }
+    }
+}
+
+/// Shape of a `row_patches` call (passed by value): `batches` NCHW images of
+/// `c × h × w` cut into `rows` rows of `ow` windows of `kw` taps, stride
+/// `stride`, padding `pad`, each window row stored as `rw` elements.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RowGeom {
+    pub batches: u32,
+    pub c: u32,
+    pub h: u32,
+    pub w: u32,
+    pub rows: u32,
+    pub ow: u32,
+    pub kw: u32,
+    pub stride: u32,
+    pub pad: u32,
+    pub rw: u32,
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn row_patches(src: *const f32, dst: *mut f32, g: RowGeom) {
+    unsafe { row_patches_any(src, dst, g) }
+}
+
+/// `row_patches` storing bf16 (`dst` holds `u16`s).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn row_patches_bf16(src: *const f32, dst: *mut u16, g: RowGeom) {
+    unsafe { row_patches_any(src, dst, g) }
+}
+
+#[inline(always)]
+unsafe fn row_patches_any<T: Store>(src: *const f32, dst: *mut T, g: RowGeom) {
+    let pairs = g.rw / 2;
+    let total = g.batches as usize * g.rows as usize * g.ow as usize * pairs as usize;
+    let plane = g.h as usize * g.w as usize;
+    let (mut idx, step) = grid_stride();
+    while idx < total {
+        let jp = (idx % pairs as usize) as u32;
+        let win = idx / pairs as usize;
+        let o = (win % g.ow as usize) as u32;
+        let br = win / g.ow as usize;
+        let (b, r) = (br / g.rows as usize, (br % g.rows as usize) as u32);
+        let ih = r as i32 - g.pad as i32;
+        let iw0 = (g.stride * o) as i32 - g.pad as i32;
+        let at = b * g.c as usize * plane + (ih.max(0) as usize) * g.w as usize;
+        let val = |j: u32| {
+            let (kw, c) = (j / g.c, j % g.c);
+            let iw = iw0 + kw as i32;
+            if kw < g.kw && (ih as u32) < g.h && (iw as u32) < g.w {
+                unsafe { *src.add(at + c as usize * plane + iw as usize) }
+            } else {
+                0.0
+            }
+        };
+        unsafe { T::store_pair(dst, 2 * idx, val(2 * jp), val(2 * jp + 1)) };
+        idx += step;
     }
 }

@@ -68,6 +68,71 @@ impl ConvGeom {
     }
 }
 
+/// Shape of a `row_patches` layout change: `batches` NCHW images of
+/// `c × h × w` cut into `rows` rows of `ow` windows of `kw` taps (stride
+/// `stride`, padding `pad`), each window row stored as `rw ≥ kw·c` elements:
+/// `dst[b][r][o][kw·c + ch] = src[b][ch][r − pad][stride·o − pad + kw]`,
+/// zero outside the image and past `kw·c`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowGeom {
+    pub batches: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub rows: usize,
+    pub ow: usize,
+    pub kw: usize,
+    pub stride: usize,
+    pub pad: usize,
+    pub rw: usize,
+}
+
+impl RowGeom {
+    /// The window rows of convolution `g`'s input x (one group), `rw`
+    /// elements each: `rows = stride·(OH−1) + KH` per image, so window
+    /// (oh, ow)'s row kh is row `stride·oh + kh`, entry `ow`.
+    pub fn patches(g: &ConvGeom, rw: usize) -> Self {
+        RowGeom {
+            batches: g.n,
+            c: g.c_in,
+            h: g.h,
+            w: g.w,
+            rows: g.stride * (g.out_h() - 1) + g.k_h,
+            ow: g.out_w(),
+            kw: g.k_w,
+            stride: g.stride,
+            pad: g.pad,
+            rw,
+        }
+    }
+
+    /// The same cut of `g`'s filter bank: `[F][KH][rw]`.
+    pub fn filters(g: &ConvGeom, rw: usize) -> Self {
+        RowGeom {
+            batches: g.c_out,
+            c: g.c_in,
+            h: g.k_h,
+            w: g.k_w,
+            rows: g.k_h,
+            ow: 1,
+            kw: g.k_w,
+            stride: 1,
+            pad: 0,
+            rw,
+        }
+    }
+
+    pub fn src_len(&self) -> usize {
+        self.batches * self.c * self.h * self.w
+    }
+    pub fn len(&self) -> usize {
+        self.batches * self.rows * self.ow * self.rw
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// A fully connected layer: `y[n, out] = x[n, in] · w[out, in]ᵀ + b[out]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FcGeom {

@@ -1,5 +1,7 @@
 //! CPU twin of `gpu-kernels/src/layout.rs`.
 
+use crate::backend::RowGeom;
+
 /// `dst[b][j][i] = src[b][i][j]` for `batches` row-major `rows × cols`
 /// matrices; `src` holds exactly `batches·rows·cols` floats.
 pub fn transpose(src: &[f32], batches: usize, rows: usize, cols: usize) -> Vec<f32> {
@@ -25,6 +27,40 @@ pub fn transpose_bf16(src: &[f32], batches: usize, rows: usize, cols: usize) -> 
         .collect()
 }
 
+/// The CPU twin of `row_patches`: `src` (NCHW, `g.src_len()` floats) cut into
+/// window rows as [`RowGeom`] describes.
+pub fn row_patches(src: &[f32], g: &RowGeom) -> Vec<f32> {
+    assert_eq!(src.len(), g.src_len(), "row_patches: src length");
+    assert!(g.rw >= g.kw * g.c, "row_patches: rw {} < kw·c", g.rw);
+    let mut dst = vec![0.0; g.len()];
+    let plane = g.h * g.w;
+    for b in 0..g.batches {
+        for r in 0..g.rows {
+            for o in 0..g.ow {
+                let out = &mut dst[((b * g.rows + r) * g.ow + o) * g.rw..][..g.rw];
+                let ih = r as isize - g.pad as isize;
+                for kw in 0..g.kw {
+                    let iw = (g.stride * o + kw) as isize - g.pad as isize;
+                    if ih < 0 || ih >= g.h as isize || iw < 0 || iw >= g.w as isize {
+                        continue;
+                    }
+                    for c in 0..g.c {
+                        out[kw * g.c + c] =
+                            src[(b * g.c + c) * plane + ih as usize * g.w + iw as usize];
+                    }
+                }
+            }
+        }
+    }
+    dst
+}
+
+/// `row_patches` stored as bf16 bit patterns, the CPU twin of
+/// `row_patches_bf16`.
+pub fn row_patches_bf16(src: &[f32], g: &RowGeom) -> Vec<u16> {
+    row_patches(src, g).into_iter().map(to_bf16).collect()
+}
+
 /// fp32 → bf16 bits, round to nearest even (finite values).
 pub fn to_bf16(v: f32) -> u16 {
     let b = v.to_bits();
@@ -33,7 +69,59 @@ pub fn to_bf16(v: f32) -> u16 {
 
 #[cfg(test)]
 mod tests {
-    use super::{to_bf16, transpose};
+    use super::{row_patches, to_bf16, transpose};
+    use crate::backend::{ConvGeom, RowGeom, cpu::conv::conv_forward};
+
+    /// The row-patch form of a convolution gives the same output as the
+    /// direct one: `y[f][oh][ow] = Σ_kh Σ_j W[f][kh][j]·P[stride·oh + kh][ow][j]`.
+    #[test]
+    fn row_patches_reproduce_the_convolution() {
+        let g = ConvGeom {
+            n: 2,
+            c_in: 3,
+            h: 19,
+            w: 15,
+            c_out: 5,
+            k_h: 5,
+            k_w: 4,
+            stride: 3,
+            pad: 2,
+            groups: 1,
+        };
+        let x: Vec<f32> = (0..g.x_len())
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect();
+        let w: Vec<f32> = (0..g.w_len())
+            .map(|i| ((i * 53 % 89) as f32 - 44.0) / 30.0)
+            .collect();
+        let bias = vec![0.0; g.c_out];
+        let mut want = vec![f32::NAN; g.y_len()];
+        conv_forward(&g, &x, &w, &bias, &mut want);
+        let rw = 16;
+        let (pg, wg) = (RowGeom::patches(&g, rw), RowGeom::filters(&g, rw));
+        let (p, wr) = (row_patches(&x, &pg), row_patches(&w, &wg));
+        let (oh, ow) = (g.out_h(), g.out_w());
+        for n in 0..g.n {
+            for f in 0..g.c_out {
+                for y in 0..oh {
+                    for x in 0..ow {
+                        let mut s = 0.0f64;
+                        for kh in 0..g.k_h {
+                            let row = (n * pg.rows + g.stride * y + kh) * ow + x;
+                            for j in 0..rw {
+                                s += wr[(f * g.k_h + kh) * rw + j] as f64 * p[row * rw + j] as f64;
+                            }
+                        }
+                        let got = want[((n * g.c_out + f) * oh + y) * ow + x] as f64;
+                        assert!(
+                            (s - got).abs() < 1e-4 * (1.0 + got.abs()),
+                            "{n} {f} {y} {x}: {s} vs {got}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn bf16_rounds_to_nearest_even() {

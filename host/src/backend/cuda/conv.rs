@@ -8,11 +8,17 @@
 //! gradient, multiples of 4) takes the channels-last path: x and dy are
 //! transposed to NHWC and the filter bank to the product's k order in
 //! scratch buffers (`transpose`), and the `*_nhwc` kernels copy 16-byte
-//! vectors of channels. (conv1's 3 channels stay on the NCHW kernels:
-//! padded to 4 channels on this path it measured 1.5–1.8× slower on the
-//! H200.) Results come out in the usual layouts. In bf16, where the channel counts are multiples
-//! of 8, the copies are bf16 (`transpose_bf16`; `*_nhwc16_bf16` kernels),
-//! halving the bytes and skipping the conversion in the inner loop.
+//! vectors of channels. Results come out in the usual layouts. In bf16,
+//! where the channel counts are multiples of 8, the copies are bf16
+//! (`transpose_bf16`; `*_nhwc16_bf16` kernels), halving the bytes and
+//! skipping the conversion in the inner loop.
+//!
+//! One-group layers whose channels rule that out (conv1's 3) take the
+//! row-patch path in TF32 and bf16 instead: x and the filter bank are cut
+//! into the rows of their windows (`row_patches`, rows padded to whole
+//! vectors) and the `*_rows` kernels read those rows as vectors (forward
+//! and weight gradient; conv1 has no data gradient). Padding conv1 to 4
+//! channels on the channels-last path had measured 1.5–1.8× slower.
 //!
 //! The weight gradient's GEMM has a small result (C_out/G × C_in/G·KH·KW) and a
 //! huge reduction (N·OH·OW), so it is split over K until the grid has about
@@ -20,9 +26,9 @@
 //! `splitk_reduce` adds them in a fixed order, keeping results deterministic.
 
 use super::gemm::{grid, tiles, vec_cfg};
-use super::layout::transpose;
+use super::layout::{row_patches, transpose};
 use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
-use crate::backend::ConvGeom;
+use crate::backend::{ConvGeom, RowGeom};
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
@@ -91,6 +97,19 @@ pub(super) fn conv_forward(
     );
     let what = || format!("{g:?}");
     let (cg, kk) = (g.c_in / g.groups, g.k_h * g.k_w);
+    if let Some((name, half, rw)) = row_path(be, g, "conv_forward", wide) {
+        let (pg, wg) = (RowGeom::patches(g, rw), RowGeom::filters(g, rw));
+        return cut_rows(be, Scratch::X, x, &pg, half, |p| {
+            cut_rows(
+                be,
+                Scratch::W,
+                w,
+                &wg,
+                half,
+                |wr| launch!(be, name, vec_cfg(cfg, wide), what; &s, p, wr, bias, y),
+            )
+        });
+    }
     let fits = [cg.is_multiple_of(4), cg.is_multiple_of(8)];
     if let Some((name, half)) = channels_last(be, "conv_forward", fits, wide) {
         let x_dims = [g.n, g.c_in, g.h * g.w];
@@ -168,6 +187,47 @@ fn channels_last(
     })
 }
 
+/// The row-patch kernel for product `base` (`{base}_rows_tf32` in TF32,
+/// `{base}_rows16_bf16` in bf16 with bf16 operands), whether it reads bf16,
+/// and its row length (`KW·C` rounded up to whole 16-byte vectors): for
+/// one-group layers whose channel count rules out the channels-last path
+/// (conv1). `None` otherwise.
+fn row_path(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    base: &str,
+    wide: bool,
+) -> Option<(&'static str, bool, usize)> {
+    if g.groups != 1 || g.c_in.is_multiple_of(4) {
+        return None;
+    }
+    let half = be.precision == crate::config::Precision::Bf16 && be.bf16_operands;
+    let name = be.vec_kernel(
+        &format!("{base}_rows{}", if half { "16" } else { "" }),
+        true,
+        wide,
+    )?;
+    let rw = (g.k_w * g.c_in).next_multiple_of(if half { 8 } else { 4 });
+    Some((name, half, rw))
+}
+
+/// Runs `f` with `src` cut into window rows (`row_patches`, see
+/// [`RowGeom`]) in scratch `slot`, as fp32 or (`half`) bf16.
+fn cut_rows<R>(
+    be: &CudaBackend,
+    slot: Scratch,
+    src: &CudaSlice<f32>,
+    g: &RowGeom,
+    half: bool,
+    f: impl FnOnce(&CudaSlice<f32>) -> Result<R>,
+) -> Result<R> {
+    let floats = if half { g.len().div_ceil(2) } else { g.len() };
+    be.with_scratch(slot, floats, |t| {
+        row_patches(be, src, t, g, half)?;
+        f(t)
+    })
+}
+
 /// Runs `f` with `src` transposed per matrix (`[batches, rows, cols]` →
 /// `[batches, cols, rows_out]`, zero-padded rows) into scratch `slot`, as
 /// fp32 or (`half`) bf16.
@@ -218,13 +278,29 @@ pub(super) fn conv_backward_filter(
     let cfg = grid(m, n_len, g.groups * splits as usize, wide);
     let what = || format!("{g:?} splits={splits}");
     let cg = g.c_in / g.groups;
+    let ohw = g.out_h() * g.out_w();
+    let rows = row_path(be, g, "conv_backward_filter", wide)
+        .filter(|&(_, half, _)| m.is_multiple_of(if half { 8 } else { 4 }));
+    if let Some((name, half, rw)) = rows {
+        let cfg = vec_cfg(grid(m, g.k_h * rw, splits as usize, wide), wide);
+        return cut_rows(be, Scratch::X, x, &RowGeom::patches(g, rw), half, |p| {
+            relayout(
+                be,
+                Scratch::Dy,
+                dy,
+                [g.n, g.c_out, ohw],
+                g.c_out,
+                half,
+                |dyt| filter_launch(be, name, cfg, &s, p, dyt, dw, splits, &what),
+            )
+        });
+    }
     let fits = [
         cg.is_multiple_of(4) && m.is_multiple_of(4),
         cg.is_multiple_of(8) && m.is_multiple_of(8),
     ];
     if let Some((name, half)) = channels_last(be, "conv_backward_filter", fits, wide) {
         let cfg = vec_cfg(cfg, wide);
-        let ohw = g.out_h() * g.out_w();
         let x_dims = [g.n, g.c_in, g.h * g.w];
         return relayout(be, Scratch::X, x, x_dims, g.c_in, half, |xt| {
             relayout(

@@ -1,10 +1,75 @@
 //! Launchers for `transpose` and `transpose_bf16` (32×32 tiles through
 //! shared memory, one 32×8 block per tile, grid z over the batch of
-//! matrices).
+//! matrices) and `row_patches` / `row_patches_bf16` (a thread per window
+//! row, 1-D grid-stride).
 
-use super::{CudaBackend, launch};
+use super::{CudaBackend, grid_1d, launch};
+use crate::backend::RowGeom;
 use anyhow::{Result, ensure};
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
+
+/// Mirror of `gpu_kernels::layout::RowGeom` (passed by value).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct RowShape {
+    batches: u32,
+    c: u32,
+    h: u32,
+    w: u32,
+    rows: u32,
+    ow: u32,
+    kw: u32,
+    stride: u32,
+    pad: u32,
+    rw: u32,
+}
+
+unsafe impl DeviceRepr for RowShape {}
+
+/// `src` cut into window rows as `g` describes (see [`RowGeom`]), stored as
+/// fp32 or, when `half`, bf16 (`dst` is then raw storage: two values per
+/// float); `dst` may be longer than needed.
+pub(super) fn row_patches(
+    be: &CudaBackend,
+    src: &CudaSlice<f32>,
+    dst: &mut CudaSlice<f32>,
+    g: &RowGeom,
+    half: bool,
+) -> Result<()> {
+    let out_floats = if half { g.len().div_ceil(2) } else { g.len() };
+    ensure!(
+        g.rw >= g.kw * g.c
+            && g.rw.is_multiple_of(2)
+            && src.len() >= g.src_len()
+            && dst.len() >= out_floats,
+        "row_patches: {g:?} needs an even rw ≥ kw·c, {} floats in and {out_floats} out, buffers hold {} and {}",
+        g.src_len(),
+        src.len(),
+        dst.len()
+    );
+    let u = |v: usize| {
+        u32::try_from(v).map_err(|_| anyhow::anyhow!("row_patches: {g:?} exceeds 32 bits"))
+    };
+    let shape = RowShape {
+        batches: u(g.batches)?,
+        c: u(g.c)?,
+        h: u(g.h)?,
+        w: u(g.w)?,
+        rows: u(g.rows)?,
+        ow: u(g.ow)?,
+        kw: u(g.kw)?,
+        stride: u(g.stride)?,
+        pad: u(g.pad)?,
+        rw: u(g.rw)?,
+    };
+    let name = if half {
+        "row_patches_bf16"
+    } else {
+        "row_patches"
+    };
+    let cfg = grid_1d(be, g.batches * g.rows * g.ow);
+    launch!(be, name, cfg, || format!("{g:?}"); src, dst, &shape)
+}
 
 /// `dst[b][j][i] = src[b][i][j]` for `batches` row-major `rows × cols`
 /// matrices at the start of `src` and `dst` (which may be longer), each

@@ -65,6 +65,16 @@ const KERNELS: &[&str] = &[
     "conv_backward_filter_nhwc_bf16_wide",
     "transpose",
     "transpose_bf16",
+    "row_patches",
+    "row_patches_bf16",
+    "conv_forward_rows_tf32",
+    "conv_forward_rows_tf32_wide",
+    "conv_forward_rows16_bf16",
+    "conv_forward_rows16_bf16_wide",
+    "conv_backward_filter_rows_tf32",
+    "conv_backward_filter_rows_tf32_wide",
+    "conv_backward_filter_rows16_bf16",
+    "conv_backward_filter_rows16_bf16_wide",
     "conv_forward_nhwc16_bf16",
     "conv_forward_nhwc16_bf16_wide",
     "conv_backward_data_nhwc16_bf16",
@@ -469,6 +479,18 @@ impl CudaBackend {
     /// operands (default) or fp32 ones.
     pub fn set_bf16_operands(&mut self, on: bool) {
         self.bf16_operands = on;
+    }
+
+    /// `row_patches` (fp32) or `row_patches_bf16` (`half`: raw bf16 storage)
+    /// of `src` into `dst` (see [`RowGeom`]).
+    pub fn row_patches(
+        &self,
+        src: &CudaSlice<f32>,
+        dst: &mut CudaSlice<f32>,
+        g: &crate::backend::RowGeom,
+        half: bool,
+    ) -> Result<()> {
+        layout::row_patches(self, src, dst, g, half)
     }
 
     /// `transpose` into raw bf16 storage (see the kernel).
