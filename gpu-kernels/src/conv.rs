@@ -649,12 +649,13 @@ pub unsafe extern "ptx-kernel" fn conv_backward_bias(
 // - filter:  k = (n, oh, ow), N index (kh, kw, c); A = dy (NHWC), B = x
 //   (NHWC) both copied along their channels; needs Cg and Fg multiples of
 //   the vector length.
-// A thread's B operand has `BSLOTS` vectors per tile (B tiles are 64 wide):
-// two pixels 32 apart (K-major) or two positions along k (filter).
+// A thread's B operand has 2 (64-wide B tiles) or 4 (128-wide) vectors
+// per tile: pixels 32 apart (K-major) or positions along k (filter).
 // ---------------------------------------------------------------------------
 
-/// Copy slots per thread of a 64-wide B tile of the vector engine.
-const BSLOTS: usize = 2;
+/// Copy slots per thread of a B tile of the vector engine, at most (the
+/// engine uses the first `vbn/32`).
+const BSLOTS: usize = 4;
 
 /// Moves the k position (tap `kh, kw` of a `_ × kw_len` filter, channel `c`
 /// of `cg`) one tile of `bk` along k: one tap step per wrap of the channel
@@ -760,7 +761,7 @@ impl<const H: bool> VecOperand for NhwcPatches<H> {
 /// (⌈N·OH·OW/64⌉, ⌈Fg/BM⌉, G), `gemm::vshared_bytes(wide)` of dynamic
 /// shared memory.
 #[inline(always)]
-unsafe fn conv_forward_nhwc_any<const MODE: u8, const WIDE: bool, const H: bool>(
+unsafe fn conv_forward_nhwc_any<const MODE: u8, const T: u8, const H: bool>(
     s: ConvShape,
     x: *const f32,
     wt: *const f32,
@@ -777,33 +778,33 @@ unsafe fn conv_forward_nhwc_any<const MODE: u8, const WIDE: bool, const H: bool>
     let b = NhwcPatches::<H> { x, s, g };
     let e = StoreOutput { y, bias, s, g };
     let n = s.n * s.oh * s.ow;
-    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, H>(&a, &b, &e, s.fg(), n, 0, k_len) };
+    unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, s.fg(), n, 0, k_len) };
 }
 
-unsafe fn conv_forward_nhwc_impl<const MODE: u8, const WIDE: bool>(
+unsafe fn conv_forward_nhwc_impl<const MODE: u8, const T: u8>(
     s: ConvShape,
     x: *const f32,
     wt: *const f32,
     bias: *const f32,
     y: *mut f32,
 ) {
-    unsafe { conv_forward_nhwc_any::<MODE, WIDE, false>(s, x, wt, bias, y) }
+    unsafe { conv_forward_nhwc_any::<MODE, T, false>(s, x, wt, bias, y) }
 }
 
-unsafe fn conv_forward_nhwc16_impl<const MODE: u8, const WIDE: bool>(
+unsafe fn conv_forward_nhwc16_impl<const MODE: u8, const T: u8>(
     s: ConvShape,
     x: *const f32,
     wt: *const f32,
     bias: *const f32,
     y: *mut f32,
 ) {
-    unsafe { conv_forward_nhwc_any::<MODE, WIDE, true>(s, x, wt, bias, y) }
+    unsafe { conv_forward_nhwc_any::<MODE, T, true>(s, x, wt, bias, y) }
 }
 
 gemm_kernels!(conv_forward_nhwc_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
-    conv_forward_nhwc_tf32: TF32, false; conv_forward_nhwc_bf16: BF16, false; conv_forward_nhwc_tf32_wide: TF32, true; conv_forward_nhwc_bf16_wide: BF16, true);
+    conv_forward_nhwc_tf32: TF32, 0; conv_forward_nhwc_bf16: BF16, 0; conv_forward_nhwc_tf32_wide: TF32, 1; conv_forward_nhwc_bf16_wide: BF16, 1);
 gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
-    conv_forward_nhwc16_bf16: BF16, false; conv_forward_nhwc16_bf16_wide: BF16, true);
+    conv_forward_nhwc16_bf16: BF16, 0; conv_forward_nhwc16_bf16_big: BF16, 2);
 
 /// dy (NHWC, fp32 or bf16 when `H`) gathered as B((kh,kw,f), (n,ih,iw)) for
 /// one group, K-major.
@@ -875,7 +876,7 @@ impl<const H: bool> VecOperand for NhwcGradPatches<H> {
 /// `conv_backward_data`. Grid (⌈N·H·W/64⌉, ⌈Cg/BM⌉, G),
 /// `gemm::vshared_bytes(wide)` of dynamic shared memory.
 #[inline(always)]
-unsafe fn conv_backward_data_nhwc_any<const MODE: u8, const WIDE: bool, const H: bool>(
+unsafe fn conv_backward_data_nhwc_any<const MODE: u8, const T: u8, const H: bool>(
     s: ConvShape,
     dy: *const f32,
     wt: *const f32,
@@ -891,31 +892,31 @@ unsafe fn conv_backward_data_nhwc_any<const MODE: u8, const WIDE: bool, const H:
     let b = NhwcGradPatches::<H> { dy, s, g };
     let e = StoreInputGrad { dx, s, g };
     let n = s.n * s.h * s.w;
-    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, H>(&a, &b, &e, s.cg(), n, 0, k_len) };
+    unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, s.cg(), n, 0, k_len) };
 }
 
-unsafe fn conv_backward_data_nhwc_impl<const MODE: u8, const WIDE: bool>(
+unsafe fn conv_backward_data_nhwc_impl<const MODE: u8, const T: u8>(
     s: ConvShape,
     dy: *const f32,
     wt: *const f32,
     dx: *mut f32,
 ) {
-    unsafe { conv_backward_data_nhwc_any::<MODE, WIDE, false>(s, dy, wt, dx) }
+    unsafe { conv_backward_data_nhwc_any::<MODE, T, false>(s, dy, wt, dx) }
 }
 
-unsafe fn conv_backward_data_nhwc16_impl<const MODE: u8, const WIDE: bool>(
+unsafe fn conv_backward_data_nhwc16_impl<const MODE: u8, const T: u8>(
     s: ConvShape,
     dy: *const f32,
     wt: *const f32,
     dx: *mut f32,
 ) {
-    unsafe { conv_backward_data_nhwc_any::<MODE, WIDE, true>(s, dy, wt, dx) }
+    unsafe { conv_backward_data_nhwc_any::<MODE, T, true>(s, dy, wt, dx) }
 }
 
 gemm_kernels!(conv_backward_data_nhwc_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32) =>
-    conv_backward_data_nhwc_tf32: TF32, false; conv_backward_data_nhwc_bf16: BF16, false; conv_backward_data_nhwc_tf32_wide: TF32, true; conv_backward_data_nhwc_bf16_wide: BF16, true);
+    conv_backward_data_nhwc_tf32: TF32, 0; conv_backward_data_nhwc_bf16: BF16, 0; conv_backward_data_nhwc_tf32_wide: TF32, 1; conv_backward_data_nhwc_bf16_wide: BF16, 1);
 gemm_kernels!(conv_backward_data_nhwc16_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32) =>
-    conv_backward_data_nhwc16_bf16: BF16, false; conv_backward_data_nhwc16_bf16_wide: BF16, true);
+    conv_backward_data_nhwc16_bf16: BF16, 0; conv_backward_data_nhwc16_bf16_big: BF16, 2);
 
 /// x (NHWC, fp32 or bf16 when `H`) gathered as B((n,oh,ow), (kh,kw,c)) for
 /// one group, copied along c (one tap's channels per vector).
@@ -1014,7 +1015,7 @@ impl Epilogue for StoreFilterGradNhwc {
 /// `conv_backward_filter`. Grid (⌈Cg·KH·KW/64⌉, ⌈Fg/BM⌉, G·splits),
 /// `gemm::vshared_bytes(wide)` of dynamic shared memory.
 #[inline(always)]
-unsafe fn conv_backward_filter_nhwc_any<const MODE: u8, const WIDE: bool, const H: bool>(
+unsafe fn conv_backward_filter_nhwc_any<const MODE: u8, const T: u8, const H: bool>(
     s: ConvShape,
     x: *const f32,
     dy: *const f32,
@@ -1038,33 +1039,33 @@ unsafe fn conv_backward_filter_nhwc_any<const MODE: u8, const WIDE: bool, const 
     };
     let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
     let e = StoreFilterGradNhwc { ws, offset, s };
-    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, H>(&a, &b, &e, s.fg(), n_len, k_begin, k_end) };
+    unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, s.fg(), n_len, k_begin, k_end) };
 }
 
-unsafe fn conv_backward_filter_nhwc_impl<const MODE: u8, const WIDE: bool>(
+unsafe fn conv_backward_filter_nhwc_impl<const MODE: u8, const T: u8>(
     s: ConvShape,
     x: *const f32,
     dy: *const f32,
     ws: *mut f32,
     splits: u32,
 ) {
-    unsafe { conv_backward_filter_nhwc_any::<MODE, WIDE, false>(s, x, dy, ws, splits) }
+    unsafe { conv_backward_filter_nhwc_any::<MODE, T, false>(s, x, dy, ws, splits) }
 }
 
-unsafe fn conv_backward_filter_nhwc16_impl<const MODE: u8, const WIDE: bool>(
+unsafe fn conv_backward_filter_nhwc16_impl<const MODE: u8, const T: u8>(
     s: ConvShape,
     x: *const f32,
     dy: *const f32,
     ws: *mut f32,
     splits: u32,
 ) {
-    unsafe { conv_backward_filter_nhwc_any::<MODE, WIDE, true>(s, x, dy, ws, splits) }
+    unsafe { conv_backward_filter_nhwc_any::<MODE, T, true>(s, x, dy, ws, splits) }
 }
 
 gemm_kernels!(conv_backward_filter_nhwc_impl (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
-    conv_backward_filter_nhwc_tf32: TF32, false; conv_backward_filter_nhwc_bf16: BF16, false; conv_backward_filter_nhwc_tf32_wide: TF32, true; conv_backward_filter_nhwc_bf16_wide: BF16, true);
+    conv_backward_filter_nhwc_tf32: TF32, 0; conv_backward_filter_nhwc_bf16: BF16, 0; conv_backward_filter_nhwc_tf32_wide: TF32, 1; conv_backward_filter_nhwc_bf16_wide: BF16, 1);
 gemm_kernels!(conv_backward_filter_nhwc16_impl (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
-    conv_backward_filter_nhwc16_bf16: BF16, false; conv_backward_filter_nhwc16_bf16_wide: BF16, true);
+    conv_backward_filter_nhwc16_bf16: BF16, 0; conv_backward_filter_nhwc16_bf16_wide: BF16, 1);
 
 // ---------------------------------------------------------------------------
 // Row-patch products for layers with few channels and one group (conv1: 3
@@ -1156,7 +1157,7 @@ impl<const H: bool> VecOperand for RowPatches<H> {
 /// (⌈N·OH·OW/64⌉, ⌈F/BM⌉, 1), `gemm::vshared_bytes(wide)` of dynamic shared
 /// memory.
 #[inline(always)]
-unsafe fn conv_forward_rows_any<const MODE: u8, const WIDE: bool, const H: bool>(
+unsafe fn conv_forward_rows_any<const MODE: u8, const T: u8, const H: bool>(
     s: ConvShape,
     p: *const f32,
     wr: *const f32,
@@ -1172,33 +1173,33 @@ unsafe fn conv_forward_rows_any<const MODE: u8, const WIDE: bool, const H: bool>
     let b = RowPatches::<H> { p, s };
     let e = StoreOutput { y, bias, s, g: 0 };
     let n = s.n * s.oh * s.ow;
-    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, H>(&a, &b, &e, s.c_out, n, 0, k_len) };
+    unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, s.c_out, n, 0, k_len) };
 }
 
-unsafe fn conv_forward_rows_impl<const MODE: u8, const WIDE: bool>(
+unsafe fn conv_forward_rows_impl<const MODE: u8, const T: u8>(
     s: ConvShape,
     p: *const f32,
     wr: *const f32,
     bias: *const f32,
     y: *mut f32,
 ) {
-    unsafe { conv_forward_rows_any::<MODE, WIDE, false>(s, p, wr, bias, y) }
+    unsafe { conv_forward_rows_any::<MODE, T, false>(s, p, wr, bias, y) }
 }
 
-unsafe fn conv_forward_rows16_impl<const MODE: u8, const WIDE: bool>(
+unsafe fn conv_forward_rows16_impl<const MODE: u8, const T: u8>(
     s: ConvShape,
     p: *const f32,
     wr: *const f32,
     bias: *const f32,
     y: *mut f32,
 ) {
-    unsafe { conv_forward_rows_any::<MODE, WIDE, true>(s, p, wr, bias, y) }
+    unsafe { conv_forward_rows_any::<MODE, T, true>(s, p, wr, bias, y) }
 }
 
 gemm_kernels!(conv_forward_rows_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
-    conv_forward_rows_tf32: TF32, false; conv_forward_rows_tf32_wide: TF32, true);
+    conv_forward_rows_tf32: TF32, 0; conv_forward_rows_tf32_wide: TF32, 1);
 gemm_kernels!(conv_forward_rows16_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
-    conv_forward_rows16_bf16: BF16, false; conv_forward_rows16_bf16_wide: BF16, true);
+    conv_forward_rows16_bf16: BF16, 0; conv_forward_rows16_bf16_big: BF16, 2);
 
 /// P gathered as B((n, oh, ow), (kh, j)), copied along j.
 struct RowPatchesT<const H: bool> {
@@ -1288,7 +1289,7 @@ impl Epilogue for StoreFilterGradRows {
 /// `ws`) like `conv_backward_filter`. Grid (⌈KH·rw/64⌉, ⌈F/BM⌉, splits),
 /// `gemm::vshared_bytes(wide)` of dynamic shared memory.
 #[inline(always)]
-unsafe fn conv_backward_filter_rows_any<const MODE: u8, const WIDE: bool, const H: bool>(
+unsafe fn conv_backward_filter_rows_any<const MODE: u8, const T: u8, const H: bool>(
     s: ConvShape,
     p: *const f32,
     dy: *const f32,
@@ -1314,30 +1315,30 @@ unsafe fn conv_backward_filter_rows_any<const MODE: u8, const WIDE: bool, const 
         s,
         rw,
     };
-    unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, H>(&a, &b, &e, s.c_out, s.kh * rw, k_begin, k_end) };
+    unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, s.c_out, s.kh * rw, k_begin, k_end) };
 }
 
-unsafe fn conv_backward_filter_rows_impl<const MODE: u8, const WIDE: bool>(
+unsafe fn conv_backward_filter_rows_impl<const MODE: u8, const T: u8>(
     s: ConvShape,
     p: *const f32,
     dy: *const f32,
     ws: *mut f32,
     splits: u32,
 ) {
-    unsafe { conv_backward_filter_rows_any::<MODE, WIDE, false>(s, p, dy, ws, splits) }
+    unsafe { conv_backward_filter_rows_any::<MODE, T, false>(s, p, dy, ws, splits) }
 }
 
-unsafe fn conv_backward_filter_rows16_impl<const MODE: u8, const WIDE: bool>(
+unsafe fn conv_backward_filter_rows16_impl<const MODE: u8, const T: u8>(
     s: ConvShape,
     p: *const f32,
     dy: *const f32,
     ws: *mut f32,
     splits: u32,
 ) {
-    unsafe { conv_backward_filter_rows_any::<MODE, WIDE, true>(s, p, dy, ws, splits) }
+    unsafe { conv_backward_filter_rows_any::<MODE, T, true>(s, p, dy, ws, splits) }
 }
 
 gemm_kernels!(conv_backward_filter_rows_impl (s: ConvShape, p: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
-    conv_backward_filter_rows_tf32: TF32, false; conv_backward_filter_rows_tf32_wide: TF32, true);
+    conv_backward_filter_rows_tf32: TF32, 0; conv_backward_filter_rows_tf32_wide: TF32, 1);
 gemm_kernels!(conv_backward_filter_rows16_impl (s: ConvShape, p: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
-    conv_backward_filter_rows16_bf16: BF16, false; conv_backward_filter_rows16_bf16_wide: BF16, true);
+    conv_backward_filter_rows16_bf16: BF16, 0; conv_backward_filter_rows16_bf16_wide: BF16, 1);

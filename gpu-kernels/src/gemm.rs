@@ -494,11 +494,11 @@ unsafe fn fc_forward_impl<const MODE: u8, const WIDE: bool>(
     outputs: u32,
     splits: u32,
 ) {
-    unsafe { fc_forward_any::<MODE, WIDE, false>(x, w, bias, y, batch, inputs, outputs, splits) }
+    unsafe { fc_forward_any::<MODE, WIDE, false, VNARROW>(x, w, bias, y, batch, inputs, outputs, splits) }
 }
 
 /// `fc_forward` on the vector engine (TF32/bf16; inputs a multiple of 4).
-unsafe fn fc_forward_vec_impl<const MODE: u8, const WIDE: bool>(
+unsafe fn fc_forward_vec_impl<const MODE: u8, const T: u8>(
     x: *const f32,
     w: *const f32,
     bias: *const f32,
@@ -508,11 +508,11 @@ unsafe fn fc_forward_vec_impl<const MODE: u8, const WIDE: bool>(
     outputs: u32,
     splits: u32,
 ) {
-    unsafe { fc_forward_any::<MODE, WIDE, true>(x, w, bias, y, batch, inputs, outputs, splits) }
+    unsafe { fc_forward_any::<MODE, false, true, T>(x, w, bias, y, batch, inputs, outputs, splits) }
 }
 
 #[inline(always)]
-unsafe fn fc_forward_any<const MODE: u8, const WIDE: bool, const VEC: bool>(
+unsafe fn fc_forward_any<const MODE: u8, const WIDE: bool, const VEC: bool, const T: u8>(
     x: *const f32,
     w: *const f32,
     bias: *const f32,
@@ -536,7 +536,7 @@ unsafe fn fc_forward_any<const MODE: u8, const WIDE: bool, const VEC: bool>(
     if VEC {
         let a = VStrided::<true, false> { p: x, ks: 1, is: ni };
         let b = VStrided::<true, false> { p: w, ks: 1, is: ni };
-        unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, false>(&a, &b, &e, m, n, k_begin, k_end) };
+        unsafe { gemm_tile_v::<_, _, _, MODE, T, false>(&a, &b, &e, m, n, k_begin, k_end) };
     } else {
         let a = Strided::<true> { p: x, ks: 1, is: ni };
         let b = Strided::<true> { p: w, ks: 1, is: ni };
@@ -547,7 +547,7 @@ unsafe fn fc_forward_any<const MODE: u8, const WIDE: bool, const VEC: bool>(
 gemm_kernels!(fc_forward_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
     fc_forward: FP32, false; fc_forward_tf32: TF32, false; fc_forward_bf16: BF16, false; fc_forward_wide: FP32, true; fc_forward_tf32_wide: TF32, true; fc_forward_bf16_wide: BF16, true);
 gemm_kernels!(fc_forward_vec_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
-    fc_forward_vec_tf32: TF32, false; fc_forward_vec_bf16: BF16, false; fc_forward_vec_tf32_wide: TF32, true; fc_forward_vec_bf16_wide: BF16, true);
+    fc_forward_vec_tf32: TF32, 0; fc_forward_vec_bf16: BF16, 0; fc_forward_vec_tf32_wide: TF32, 1; fc_forward_vec_bf16_wide: BF16, 1);
 
 /// Fully connected data gradient, `dx[b, i] = Σ_o dy[b, o]·w[o, i]`.
 ///
@@ -563,12 +563,12 @@ unsafe fn fc_backward_data_impl<const MODE: u8, const WIDE: bool>(
     outputs: u32,
     splits: u32,
 ) {
-    unsafe { fc_backward_data_any::<MODE, WIDE, false>(dy, w, dx, batch, inputs, outputs, splits) }
+    unsafe { fc_backward_data_any::<MODE, WIDE, false, VNARROW>(dy, w, dx, batch, inputs, outputs, splits) }
 }
 
 /// `fc_backward_data` on the vector engine (TF32/bf16; inputs and outputs
 /// multiples of 4).
-unsafe fn fc_backward_data_vec_impl<const MODE: u8, const WIDE: bool>(
+unsafe fn fc_backward_data_vec_impl<const MODE: u8, const T: u8>(
     dy: *const f32,
     w: *const f32,
     dx: *mut f32,
@@ -577,11 +577,11 @@ unsafe fn fc_backward_data_vec_impl<const MODE: u8, const WIDE: bool>(
     outputs: u32,
     splits: u32,
 ) {
-    unsafe { fc_backward_data_any::<MODE, WIDE, true>(dy, w, dx, batch, inputs, outputs, splits) }
+    unsafe { fc_backward_data_any::<MODE, false, true, T>(dy, w, dx, batch, inputs, outputs, splits) }
 }
 
 #[inline(always)]
-unsafe fn fc_backward_data_any<const MODE: u8, const WIDE: bool, const VEC: bool>(
+unsafe fn fc_backward_data_any<const MODE: u8, const WIDE: bool, const VEC: bool, const T: u8>(
     dy: *const f32,
     w: *const f32,
     dx: *mut f32,
@@ -604,7 +604,7 @@ unsafe fn fc_backward_data_any<const MODE: u8, const WIDE: bool, const VEC: bool
     if VEC {
         let a = VStrided::<true, false> { p: dy, ks: 1, is: no };
         let b = VStrided::<false, false> { p: w, ks: ni, is: 1 };
-        unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, false>(&a, &b, &e, m, n, k_begin, k_end) };
+        unsafe { gemm_tile_v::<_, _, _, MODE, T, false>(&a, &b, &e, m, n, k_begin, k_end) };
     } else {
         let a = Strided::<true> { p: dy, ks: 1, is: no };
         let b = Strided::<false> { p: w, ks: ni, is: 1 };
@@ -615,7 +615,7 @@ unsafe fn fc_backward_data_any<const MODE: u8, const WIDE: bool, const VEC: bool
 gemm_kernels!(fc_backward_data_impl (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
     fc_backward_data: FP32, false; fc_backward_data_tf32: TF32, false; fc_backward_data_bf16: BF16, false; fc_backward_data_wide: FP32, true; fc_backward_data_tf32_wide: TF32, true; fc_backward_data_bf16_wide: BF16, true);
 gemm_kernels!(fc_backward_data_vec_impl (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
-    fc_backward_data_vec_tf32: TF32, false; fc_backward_data_vec_bf16: BF16, false; fc_backward_data_vec_tf32_wide: TF32, true; fc_backward_data_vec_bf16_wide: BF16, true);
+    fc_backward_data_vec_tf32: TF32, 0; fc_backward_data_vec_bf16: BF16, 0; fc_backward_data_vec_tf32_wide: TF32, 1; fc_backward_data_vec_bf16_wide: BF16, 1);
 
 /// Fully connected weight gradient, `dw[o, i] = Σ_b dy[b, o]·x[b, i]`.
 ///
@@ -629,12 +629,12 @@ unsafe fn fc_backward_filter_impl<const MODE: u8, const WIDE: bool>(
     inputs: u32,
     outputs: u32,
 ) {
-    unsafe { fc_backward_filter_any::<MODE, WIDE, false>(x, dy, dw, batch, inputs, outputs) }
+    unsafe { fc_backward_filter_any::<MODE, WIDE, false, VNARROW>(x, dy, dw, batch, inputs, outputs) }
 }
 
 /// `fc_backward_filter` on the vector engine (TF32/bf16; inputs and outputs
 /// multiples of 4).
-unsafe fn fc_backward_filter_vec_impl<const MODE: u8, const WIDE: bool>(
+unsafe fn fc_backward_filter_vec_impl<const MODE: u8, const T: u8>(
     x: *const f32,
     dy: *const f32,
     dw: *mut f32,
@@ -642,11 +642,11 @@ unsafe fn fc_backward_filter_vec_impl<const MODE: u8, const WIDE: bool>(
     inputs: u32,
     outputs: u32,
 ) {
-    unsafe { fc_backward_filter_any::<MODE, WIDE, true>(x, dy, dw, batch, inputs, outputs) }
+    unsafe { fc_backward_filter_any::<MODE, false, true, T>(x, dy, dw, batch, inputs, outputs) }
 }
 
 #[inline(always)]
-unsafe fn fc_backward_filter_any<const MODE: u8, const WIDE: bool, const VEC: bool>(
+unsafe fn fc_backward_filter_any<const MODE: u8, const WIDE: bool, const VEC: bool, const T: u8>(
     x: *const f32,
     dy: *const f32,
     dw: *mut f32,
@@ -665,7 +665,7 @@ unsafe fn fc_backward_filter_any<const MODE: u8, const WIDE: bool, const VEC: bo
     if VEC {
         let a = VStrided::<false, false> { p: dy, ks: no, is: 1 };
         let b = VStrided::<false, false> { p: x, ks: ni, is: 1 };
-        unsafe { gemm_tile_v::<_, _, _, MODE, WIDE, false>(&a, &b, &e, outputs, inputs, 0, batch) };
+        unsafe { gemm_tile_v::<_, _, _, MODE, T, false>(&a, &b, &e, outputs, inputs, 0, batch) };
     } else {
         let a = Strided::<false> { p: dy, ks: no, is: 1 };
         let b = Strided::<false> { p: x, ks: ni, is: 1 };
@@ -676,7 +676,7 @@ unsafe fn fc_backward_filter_any<const MODE: u8, const WIDE: bool, const VEC: bo
 gemm_kernels!(fc_backward_filter_impl (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
     fc_backward_filter: FP32, false; fc_backward_filter_tf32: TF32, false; fc_backward_filter_bf16: BF16, false; fc_backward_filter_wide: FP32, true; fc_backward_filter_tf32_wide: TF32, true; fc_backward_filter_bf16_wide: BF16, true);
 gemm_kernels!(fc_backward_filter_vec_impl (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
-    fc_backward_filter_vec_tf32: TF32, false; fc_backward_filter_vec_bf16: BF16, false; fc_backward_filter_vec_tf32_wide: TF32, true; fc_backward_filter_vec_bf16_wide: BF16, true);
+    fc_backward_filter_vec_tf32: TF32, 0; fc_backward_filter_vec_bf16: BF16, 0; fc_backward_filter_vec_tf32_wide: TF32, 1; fc_backward_filter_vec_bf16_wide: BF16, 1);
 
 /// Fully connected bias gradient, `db[o] = Σ_b dy[b, o]`: one thread per
 /// output (coalesced across o), summing over the batch in order.
@@ -729,8 +729,30 @@ pub unsafe extern "ptx-kernel" fn splitk_reduce(
 /// of an `ldmatrix` phase hit 32 distinct banks.
 const VROW_BYTES: u32 = 80;
 /// Threads of a vector-engine block: four warps in a 2×2 grid, each owning
-/// a (BM/2)×32 slice of the tile.
+/// a (BM/2)×(BN/2) slice of the tile.
 pub const VTHREADS: u32 = 128;
+/// Tile shape `T` of the vector engine: 64×64.
+pub const VNARROW: u8 = 0;
+/// Tile shape `T` of the vector engine: 128×64 (rows × columns).
+pub const VWIDE: u8 = 1;
+/// Tile shape `T` of the vector engine: 128×128.
+pub const VBIG: u8 = 2;
+/// Rows of the vector engine's C tile of shape `t`.
+pub const fn vbm(t: u8) -> u32 {
+    if t == VNARROW { 64 } else { 128 }
+}
+/// Columns of the vector engine's C tile of shape `t`.
+pub const fn vbn(t: u8) -> u32 {
+    if t == VBIG { 128 } else { 64 }
+}
+/// 16-row blocks of a warp's slice: 2 or 4.
+const fn vmi(t: u8) -> u32 {
+    vbm(t) / 32
+}
+/// 8-column blocks of a warp's slice: 4 or 8.
+const fn vnj(t: u8) -> usize {
+    (vbn(t) / 16) as usize
+}
 /// Rows of a K-major tile between a thread's copy slots.
 const VSLOT_ROWS: u32 = VTHREADS / 4;
 /// k per shared tile of the vector engine: 16 fp32 or 32 bf16 (64 bytes).
@@ -746,19 +768,21 @@ pub const fn vlen(half: bool) -> u32 {
 const fn rm_stride(half: bool, rows: u32) -> u32 {
     if half { (rows + 8) * 2 } else { (rows + 4) * 4 }
 }
-/// Bytes of one stage of the vector engine: an A tile of `bm(wide)` rows and
-/// a B tile of 64, each sized for the K-major layout (the larger one).
-const fn vstage_bytes(wide: bool) -> u32 {
-    (bm(wide) + BN) * VROW_BYTES
+/// Bytes of one stage of the vector engine: an A tile of `vbm(t)` rows and
+/// a B tile of `vbn(t)`, each sized for the K-major layout (the larger
+/// one).
+const fn vstage_bytes(t: u8) -> u32 {
+    (vbm(t) + vbn(t)) * VROW_BYTES
 }
 /// Shared-memory K tiles in the vector engine's pipeline.
-pub const fn vstages(wide: bool) -> u32 {
-    if wide { 3 } else { 4 }
+pub const fn vstages(t: u8) -> u32 {
+    if t == VNARROW { 4 } else { 3 }
 }
-/// Dynamic shared memory of the vector engine, in bytes (under 48 KiB; 4
-/// and 5 stages, opted in above that, measured no faster).
-pub const fn vshared_bytes(wide: bool) -> u32 {
-    vstages(wide) * vstage_bytes(wide)
+/// Dynamic shared memory of the vector engine, in bytes: 40, 45 or 60 KiB
+/// (over the default 48 KiB for `BIG`: the host raises the kernels' limit
+/// at load time).
+pub const fn vshared_bytes(t: u8) -> u32 {
+    vstages(t) * vstage_bytes(t)
 }
 
 /// Address of element `off` of an operand stored as fp32 or, when `half`,
@@ -796,10 +820,11 @@ pub trait VecOperand {
     fn base(&self) -> *const f32;
 }
 
-/// The vector engine: a `bm(WIDE)`×64 tile of C per block of [`VTHREADS`]
-/// (TF32 or BF16 only), warp w owning rows `BM/2·(w / 2)..` and columns
-/// `32·(w % 2)..` as (BM/32)×4 16×8 accumulators (see [`vtc_coord`]), the
-/// same epilogue as [`gemm_tile`]. Operands are copied in 16-byte `cp.async`
+/// The vector engine: a `vbm(T)`×`vbn(T)` tile of C (64×64, 128×64 or
+/// 128×128) per block of [`VTHREADS`] (TF32 or BF16 only), warp w owning
+/// rows `BM/2·(w / 2)..` and columns `BN/2·(w % 2)..` as (BM/32)×(BN/16)
+/// 16×8 accumulators (see [`vtc_coord`]), the same epilogue as
+/// [`gemm_tile`]. Operands are copied in 16-byte `cp.async`
 /// vectors, R/32 per thread per tile of R rows. The launcher guarantees
 /// whole vectors: `k_end − k_begin` a multiple of the vector length for a
 /// K-major operand, `m_total` / `n_total` multiples of it for the others.
@@ -824,7 +849,7 @@ pub unsafe fn gemm_tile_v<
     B: VecOperand,
     E: Epilogue,
     const MODE: u8,
-    const WIDE: bool,
+    const T: u8,
     const HALF: bool,
 >(
     a: &A,
@@ -836,12 +861,12 @@ pub unsafe fn gemm_tile_v<
     k_end: u32,
 ) {
     let tid = tid_x();
-    let m0 = bid_y() * bm(WIDE);
-    let n0 = bid_x() * BN;
+    let m0 = bid_y() * vbm(T);
+    let n0 = bid_x() * vbn(T);
     let smem_addr = shared_addr(shared::<f32>());
-    let stage_bytes = vstage_bytes(WIDE);
-    let b_off = bm(WIDE) * VROW_BYTES;
-    let n_stages = vstages(WIDE);
+    let stage_bytes = vstage_bytes(T);
+    let b_off = vbm(T) * VROW_BYTES;
+    let n_stages = vstages(T);
     let bk = vbk(HALF);
 
     // Returns (k, row, byte offset in the tile, slot dk, slot di, slot bytes).
@@ -858,13 +883,13 @@ pub unsafe fn gemm_tile_v<
             (k, r, k * st + 16 / vlen(HALF) * r, dk, 0, dk * st)
         }
     };
-    let (a_k, a_i, a_dst, a_dk, a_di, a_slot) = place(A::K_MAJOR, bm(WIDE));
-    let (b_k, b_i, b_dst, b_dk, b_di, b_slot) = place(B::K_MAJOR, BN);
+    let (a_k, a_i, a_dst, a_dk, a_di, a_slot) = place(A::K_MAJOR, vbm(T));
+    let (b_k, b_i, b_dst, b_dk, b_di, b_slot) = place(B::K_MAJOR, vbn(T));
     let mut ca = a.open(k_begin + a_k, m0 + a_i, a_dk, a_di);
     let mut cb = b.open(k_begin + b_k, n0 + b_i, b_dk, b_di);
     let (a_dummy, b_dummy) = (a.base(), b.base());
-    let a_slots = bm(WIDE) / VSLOT_ROWS;
-    let b_slots = BN / VSLOT_ROWS;
+    let a_slots = vbm(T) / VSLOT_ROWS;
+    let b_slots = vbn(T) / VSLOT_ROWS;
 
     let mut issue = |stage: u32, k0: u32| {
         let base = smem_addr + stage * stage_bytes;
@@ -875,7 +900,10 @@ pub unsafe fn gemm_tile_v<
                 unsafe { cp_async_v4(base + a_dst + a_slot * j, src, a_dummy) };
             }
         }
-        for j in 0..b_slots {
+        for j in 0..4u32 {
+            if j >= b_slots {
+                break;
+            }
             let inside = k0 + b_k + b_dk * j < k_end && n0 + b_i + b_di * j < n_total;
             let src = if inside { b.src(&cb, j as usize) } else { None };
             unsafe { cp_async_v4(base + b_off + b_dst + b_slot * j, src, b_dummy) };
@@ -899,14 +927,14 @@ pub unsafe fn gemm_tile_v<
         write = next_stage(write);
     }
 
-    let mut acc = [[0.0f32; 4]; 16];
+    let mut acc = [[0.0f32; 4]; 32];
     let mut read = 0u32;
     for t in 0..tiles {
         // All but the newest `n_stages − 2` groups done: tile t is in.
-        if WIDE {
-            cp_async_wait::<1>();
-        } else {
+        if T == VNARROW {
             cp_async_wait::<2>();
+        } else {
+            cp_async_wait::<1>();
         }
         sync_threads();
         let ahead = t + n_stages - 1;
@@ -919,19 +947,19 @@ pub unsafe fn gemm_tile_v<
         let a_s = smem_addr + read * stage_bytes;
         let b_s = a_s + b_off;
         if HALF {
-            unsafe { vmma_tile_half::<A, B, WIDE>(a_s, b_s, &mut acc) };
+            unsafe { vmma_tile_half::<A, B, T>(a_s, b_s, &mut acc) };
         } else {
-            unsafe { vmma_tile::<A, B, MODE, WIDE>(a_s, b_s, &mut acc) };
+            unsafe { vmma_tile::<A, B, MODE, T>(a_s, b_s, &mut acc) };
         }
         read = next_stage(read);
     }
     cp_async_wait::<0>();
 
     let store = |p: u32, v: u32| {
-        if p >= 4 * (bm(WIDE) / 32) {
+        if p >= (vbm(T) / 32) * vnj(T) as u32 {
             return;
         }
-        let (mi, ni) = vtc_coord::<WIDE>(tid, p, v);
+        let (mi, ni) = vtc_coord::<T>(tid, p, v);
         let (m, n) = (m0 + mi, n0 + ni);
         if m < m_total && n < n_total {
             unsafe { e.store(m, n, acc[p as usize][v as usize]) };
@@ -940,21 +968,30 @@ pub unsafe fn gemm_tile_v<
     macro_rules! store_rows {
         ($($p:literal)*) => { $( store($p, 0); store($p, 1); store($p, 2); store($p, 3); )* };
     }
-    store_rows!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    store_rows!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
 }
 
 /// Tile coordinates of the vector engine's accumulator `acc[p][v]`: warp w
-/// owns rows `BM/2·(w / 2)..` and columns `32·(w % 2)..`; p = 4·mi + nj is
-/// the 16×8 block at rows `16·mi..`, columns `8·nj..` of that, v which of
-/// its four values.
+/// owns rows `BM/2·(w / 2)..` and columns `BN/2·(w % 2)..`; p = NJ·mi + nj
+/// (NJ = BN/16) is the 16×8 block at rows `16·mi..`, columns `8·nj..` of
+/// that, v which of its four values.
 #[inline(always)]
-fn vtc_coord<const WIDE: bool>(tid: u32, p: u32, v: u32) -> (u32, u32) {
+fn vtc_coord<const T: u8>(tid: u32, p: u32, v: u32) -> (u32, u32) {
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
-    let (mi, nj) = (p / 4, p % 4);
-    let row = (bm(WIDE) / 2) * (warp / 2) + 16 * mi + g + 8 * (v / 2);
-    let col = 32 * (warp % 2) + 8 * nj + 2 * t + v % 2;
+    let nj_count = vnj(T) as u32;
+    let (mi, nj) = (p / nj_count, p % nj_count);
+    let row = (vbm(T) / 2) * (warp / 2) + 16 * mi + g + 8 * (v / 2);
+    let col = (vbn(T) / 2) * (warp % 2) + 8 * nj + 2 * t + v % 2;
     (row, col)
+}
+
+/// `[f(0), …, f(7)]` with the blocks past a warp's `vnj(T)` left zero,
+/// written out so that the fragments stay in registers.
+#[inline(always)]
+fn each_nj<const T: u8, F: Copy + Default>(f: impl Fn(u32) -> F) -> [F; 8] {
+    let g = |i: u32| if (i as usize) < vnj(T) { f(i) } else { F::default() };
+    [g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7)]
 }
 
 /// One float of a shared tile at window address `addr`.
@@ -991,23 +1028,24 @@ unsafe fn frag_words(k_major: bool, tile: u32, x0: u32, stride: u32) -> [u32; 4]
 }
 
 /// Products of one fp32 shared K tile for the vector engine: per warp, its
-/// (BM/2)×32 slice as (BM/32)×4 16×8 accumulators (see [`vtc_coord`]).
+/// (BM/2)×(BN/2) slice as 16×8 accumulators (see [`vtc_coord`]).
 #[inline(always)]
-unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const WIDE: bool>(
+unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const T: u8>(
     a_s: u32,
     b_s: u32,
-    acc: &mut [[f32; 4]; 16],
+    acc: &mut [[f32; 4]; 32],
 ) {
     let warp = tid_x() / 32;
-    let row0 = (bm(WIDE) / 2) * (warp / 2);
-    let col0 = 32 * (warp % 2);
-    let a_stride = rm_stride(false, bm(WIDE));
-    let b_stride = rm_stride(false, BN);
+    let row0 = (vbm(T) / 2) * (warp / 2);
+    let col0 = (vbn(T) / 2) * (warp % 2);
+    let a_stride = rm_stride(false, vbm(T));
+    let b_stride = rm_stride(false, vbn(T));
+    let nj_count = vnj(T);
     // Words for rows r..r+7 and r+8..r+15 of A, columns c..c+7 of B, each at
     // k = t, t+4, t+8, t+12.
     let bw = |nj: u32| unsafe { frag_words(B::K_MAJOR, b_s, col0 + 8 * nj, b_stride) };
     let aw = |r: u32| unsafe { frag_words(A::K_MAJOR, a_s, r, a_stride) };
-    let b = [bw(0), bw(1), bw(2), bw(3)];
+    let b = each_nj::<T, _>(bw);
     if MODE == TF32 {
         let tf = |w: u32| to_tf32(f32::from_bits(w));
         // k8 step s reads k = 8s + t and 8s + t + 4: words 2s and 2s + 1.
@@ -1017,13 +1055,13 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const WIDE: bo
             let hi = aw(row0 + 16 * mi + 8).map(tf);
             for s in 0..2usize {
                 let a = [lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1]];
-                for nj in 0..4usize {
-                    let p = 4 * mi as usize + nj;
+                for nj in 0..nj_count {
+                    let p = nj_count * mi as usize + nj;
                     acc[p] = mma_tf32(a, [bt[nj][2 * s], bt[nj][2 * s + 1]], acc[p]);
                 }
             }
         };
-        each_mi::<WIDE>(&mut rows);
+        each_mi::<T>(&mut rows);
     } else {
         let pk = |w: [u32; 4]| {
             let f = |i: usize| f32::from_bits(w[i]);
@@ -1034,22 +1072,22 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const WIDE: bo
             let lo = pk(aw(row0 + 16 * mi));
             let hi = pk(aw(row0 + 16 * mi + 8));
             let a = [lo[0], hi[0], lo[1], hi[1]];
-            for nj in 0..4usize {
-                let p = 4 * mi as usize + nj;
+            for nj in 0..nj_count {
+                let p = nj_count * mi as usize + nj;
                 acc[p] = mma_bf16(a, bp[nj], acc[p]);
             }
         };
-        each_mi::<WIDE>(&mut rows);
+        each_mi::<T>(&mut rows);
     }
 }
 
-/// Calls `f(mi)` for each 16-row block of a warp's slice, `mi < BM/32`,
+/// Calls `f(mi)` for each 16-row block of a warp's slice, `mi < vmi(T)`,
 /// written out so that accumulator indices stay constants (registers).
 #[inline(always)]
-fn each_mi<const WIDE: bool>(f: &mut impl FnMut(u32)) {
+fn each_mi<const T: u8>(f: &mut impl FnMut(u32)) {
     f(0);
     f(1);
-    if WIDE {
+    if vmi(T) == 4 {
         f(2);
         f(3);
     }
@@ -1060,18 +1098,19 @@ fn each_mi<const WIDE: bool>(f: &mut impl FnMut(u32)) {
 /// and k+8; row-major, `ldmatrix.trans` of k rows at columns r and r+8.
 /// B (8 columns × 32 k, both k16 steps): four 8×8 blocks along k.
 #[inline(always)]
-unsafe fn vmma_tile_half<A: VecOperand, B: VecOperand, const WIDE: bool>(
+unsafe fn vmma_tile_half<A: VecOperand, B: VecOperand, const T: u8>(
     a_s: u32,
     b_s: u32,
-    acc: &mut [[f32; 4]; 16],
+    acc: &mut [[f32; 4]; 32],
 ) {
     let lane = tid_x() % 32;
     let warp = tid_x() / 32;
-    let row0 = (bm(WIDE) / 2) * (warp / 2);
-    let col0 = 32 * (warp % 2);
+    let row0 = (vbm(T) / 2) * (warp / 2);
+    let col0 = (vbn(T) / 2) * (warp % 2);
     let (l8, q) = (lane % 8, lane / 8);
-    let a_stride = rm_stride(true, bm(WIDE));
-    let b_stride = rm_stride(true, BN);
+    let a_stride = rm_stride(true, vbm(T));
+    let b_stride = rm_stride(true, vbn(T));
+    let nj_count = vnj(T);
     // B: matrix q holds k 8q..8q+7 of columns c..c+7: registers
     // [step 0 lo, step 0 hi, step 1 lo, step 1 hi].
     let bfrag = |c: u32| unsafe {
@@ -1089,17 +1128,17 @@ unsafe fn vmma_tile_half<A: VecOperand, B: VecOperand, const WIDE: bool>(
             ldmatrix_x4_trans(a_s + (16 * s + l8 + 8 * (q / 2)) * a_stride + 2 * (r + 8 * (q % 2)))
         }
     };
-    let b = [bfrag(col0), bfrag(col0 + 8), bfrag(col0 + 16), bfrag(col0 + 24)];
+    let b = each_nj::<T, _>(|nj| bfrag(col0 + 8 * nj));
     for s in 0..2u32 {
         let mut rows = |mi: u32| {
             let a = afrag(row0 + 16 * mi, s);
-            for nj in 0..4usize {
-                let p = 4 * mi as usize + nj;
+            for nj in 0..nj_count {
+                let p = nj_count * mi as usize + nj;
                 let bs = [b[nj][2 * s as usize], b[nj][2 * s as usize + 1]];
                 acc[p] = mma_bf16(a, bs, acc[p]);
             }
         };
-        each_mi::<WIDE>(&mut rows);
+        each_mi::<T>(&mut rows);
     }
 }
 

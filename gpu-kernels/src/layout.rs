@@ -142,29 +142,29 @@ pub unsafe extern "ptx-kernel" fn row_patches_bf16(src: *const f32, dst: *mut u1
 
 #[inline(always)]
 unsafe fn row_patches_any<T: Store>(src: *const f32, dst: *mut T, g: RowGeom) {
+    // 32-bit index math (the launcher checks the element count fits).
     let pairs = g.rw / 2;
-    let total = g.batches as usize * g.rows as usize * g.ow as usize * pairs as usize;
-    let plane = g.h as usize * g.w as usize;
-    let (mut idx, step) = grid_stride();
+    let total = g.batches * g.rows * g.ow * pairs;
+    let plane = g.h * g.w;
+    let (i, step) = grid_stride();
+    let (mut idx, step) = (i as u32, step as u32);
     while idx < total {
-        let jp = (idx % pairs as usize) as u32;
-        let win = idx / pairs as usize;
-        let o = (win % g.ow as usize) as u32;
-        let br = win / g.ow as usize;
-        let (b, r) = (br / g.rows as usize, (br % g.rows as usize) as u32);
+        let (win, jp) = (idx / pairs, idx % pairs);
+        let (br, o) = (win / g.ow, win % g.ow);
+        let (b, r) = (br / g.rows, br % g.rows);
         let ih = r as i32 - g.pad as i32;
         let iw0 = (g.stride * o) as i32 - g.pad as i32;
-        let at = b * g.c as usize * plane + (ih.max(0) as usize) * g.w as usize;
+        let at = b as usize * (g.c * plane) as usize + (ih.max(0) as u32 * g.w) as usize;
         let val = |j: u32| {
             let (kw, c) = (j / g.c, j % g.c);
             let iw = iw0 + kw as i32;
             if kw < g.kw && (ih as u32) < g.h && (iw as u32) < g.w {
-                unsafe { *src.add(at + c as usize * plane + iw as usize) }
+                unsafe { *src.add(at + (c * plane) as usize + iw as usize) }
             } else {
                 0.0
             }
         };
-        unsafe { T::store_pair(dst, 2 * idx, val(2 * jp), val(2 * jp + 1)) };
+        unsafe { T::store_pair(dst, 2 * idx as usize, val(2 * jp), val(2 * jp + 1)) };
         idx += step;
     }
 }

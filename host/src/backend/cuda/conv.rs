@@ -25,7 +25,7 @@
 //! two blocks per SM; the slices' partials land in a workspace and
 //! `splitk_reduce` adds them in a fixed order, keeping results deterministic.
 
-use super::gemm::{grid, tiles, vec_cfg};
+use super::gemm::{VecTile, grid, tiles, vec_cfg};
 use super::layout::{row_patches, transpose};
 use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
 use crate::backend::{ConvGeom, RowGeom};
@@ -97,7 +97,7 @@ pub(super) fn conv_forward(
     );
     let what = || format!("{g:?}");
     let (cg, kk) = (g.c_in / g.groups, g.k_h * g.k_w);
-    if let Some((name, half, rw)) = row_path(be, g, "conv_forward", wide) {
+    if let Some((name, half, rw, tile)) = row_path(be, g, "conv_forward", wide) {
         let (pg, wg) = (RowGeom::patches(g, rw), RowGeom::filters(g, rw));
         return cut_rows(be, Scratch::X, x, &pg, half, |p| {
             cut_rows(
@@ -106,12 +106,12 @@ pub(super) fn conv_forward(
                 w,
                 &wg,
                 half,
-                |wr| launch!(be, name, vec_cfg(cfg, wide), what; &s, p, wr, bias, y),
+                |wr| launch!(be, name, vec_cfg(cfg, tile), what; &s, p, wr, bias, y),
             )
         });
     }
     let fits = [cg.is_multiple_of(4), cg.is_multiple_of(8)];
-    if let Some((name, half)) = channels_last(be, "conv_forward", fits, wide) {
+    if let Some((name, half, tile)) = channels_last(be, "conv_forward", fits, wide) {
         let x_dims = [g.n, g.c_in, g.h * g.w];
         return relayout(be, Scratch::X, x, x_dims, g.c_in, half, |xt| {
             relayout(
@@ -121,7 +121,7 @@ pub(super) fn conv_forward(
                 [g.c_out, cg, kk],
                 cg,
                 half,
-                |wt| launch!(be, name, vec_cfg(cfg, wide), what; &s, xt, wt, bias, y),
+                |wt| launch!(be, name, vec_cfg(cfg, tile), what; &s, xt, wt, bias, y),
             )
         });
     }
@@ -144,7 +144,7 @@ pub(super) fn conv_backward_data(
     let pixels = g.n * g.h * g.w;
     let (cfg, wide) = tiles(be, cg, pixels, g.groups);
     let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
-    if let Some((name, half)) = channels_last(be, "conv_backward_data", fits, wide) {
+    if let Some((name, half, tile)) = channels_last(be, "conv_backward_data", fits, wide) {
         let ohw = g.out_h() * g.out_w();
         return relayout(
             be,
@@ -161,7 +161,7 @@ pub(super) fn conv_backward_data(
                     [g.groups, fg, cg * kk],
                     fg,
                     half,
-                    |wt| launch!(be, name, vec_cfg(cfg, wide), what; &s, dyt, wt, dx),
+                    |wt| launch!(be, name, vec_cfg(cfg, tile), what; &s, dyt, wt, dx),
                 )
             },
         );
@@ -171,19 +171,38 @@ pub(super) fn conv_backward_data(
     launch!(be, be.gemm_kernel(gemm_names!("conv_backward_data"), wide), cfg, what; &s, dy, w, dx)
 }
 
-/// The channels-last kernel for product `base` and whether it reads bf16
-/// operands: `{base}_nhwc16_bf16` in bf16 where `fits[1]` (and bf16
-/// operands are on), else `{base}_nhwc_{tf32|bf16}` where `fits[0]`.
+/// The channels-last kernel for product `base`, whether it reads bf16
+/// operands, and its tile shape: `{base}_nhwc16_bf16` in bf16 where
+/// `fits[1]` (and bf16 operands are on), else `{base}_nhwc_{tf32|bf16}`
+/// where `fits[0]`.
 fn channels_last(
     be: &CudaBackend,
     base: &str,
     fits: [bool; 2],
     wide: bool,
-) -> Option<(&'static str, bool)> {
-    let half = be.vec_kernel(&format!("{base}_nhwc16"), fits[1] && be.bf16_operands, wide);
-    half.map(|k| (k, true)).or_else(|| {
-        be.vec_kernel(&format!("{base}_nhwc"), fits[0], wide)
-            .map(|k| (k, false))
+) -> Option<(&'static str, bool, VecTile)> {
+    if fits[1] && be.bf16_operands {
+        if let Some((k, tile)) = vec_tiled(be, &format!("{base}_nhwc16"), wide) {
+            return Some((k, true, tile));
+        }
+    }
+    let tile = VecTile::of(wide);
+    be.vec_kernel(&format!("{base}_nhwc"), fits[0], tile)
+        .map(|k| (k, false, tile))
+}
+
+/// Vector kernel `base` (see `vec_kernel`) and its tile shape: where 128-row
+/// tiles are chosen, the 128×128 `_big` variant if `base` has one (the
+/// bf16-operand forward and data-gradient products: faster than 128×64 on
+/// the H200, while the weight gradients and TF32 are faster at 128×64),
+/// else the 128×64 one.
+fn vec_tiled(be: &CudaBackend, base: &str, wide: bool) -> Option<(&'static str, VecTile)> {
+    let big = wide
+        .then(|| be.vec_kernel(base, true, VecTile::Big))
+        .flatten();
+    big.map(|k| (k, VecTile::Big)).or_else(|| {
+        let tile = VecTile::of(wide);
+        be.vec_kernel(base, true, tile).map(|k| (k, tile))
     })
 }
 
@@ -197,18 +216,18 @@ fn row_path(
     g: &ConvGeom,
     base: &str,
     wide: bool,
-) -> Option<(&'static str, bool, usize)> {
+) -> Option<(&'static str, bool, usize, VecTile)> {
     if g.groups != 1 || g.c_in.is_multiple_of(4) {
         return None;
     }
     let half = be.precision == crate::config::Precision::Bf16 && be.bf16_operands;
-    let name = be.vec_kernel(
+    let (name, tile) = vec_tiled(
+        be,
         &format!("{base}_rows{}", if half { "16" } else { "" }),
-        true,
         wide,
     )?;
     let rw = (g.k_w * g.c_in).next_multiple_of(if half { 8 } else { 4 });
-    Some((name, half, rw))
+    Some((name, half, rw, tile))
 }
 
 /// Runs `f` with `src` cut into window rows (`row_patches`, see
@@ -280,9 +299,9 @@ pub(super) fn conv_backward_filter(
     let cg = g.c_in / g.groups;
     let ohw = g.out_h() * g.out_w();
     let rows = row_path(be, g, "conv_backward_filter", wide)
-        .filter(|&(_, half, _)| m.is_multiple_of(if half { 8 } else { 4 }));
-    if let Some((name, half, rw)) = rows {
-        let cfg = vec_cfg(grid(m, g.k_h * rw, splits as usize, wide), wide);
+        .filter(|&(_, half, _, _)| m.is_multiple_of(if half { 8 } else { 4 }));
+    if let Some((name, half, rw, tile)) = rows {
+        let cfg = vec_cfg(grid(m, g.k_h * rw, splits as usize, wide), tile);
         return cut_rows(be, Scratch::X, x, &RowGeom::patches(g, rw), half, |p| {
             relayout(
                 be,
@@ -299,8 +318,8 @@ pub(super) fn conv_backward_filter(
         cg.is_multiple_of(4) && m.is_multiple_of(4),
         cg.is_multiple_of(8) && m.is_multiple_of(8),
     ];
-    if let Some((name, half)) = channels_last(be, "conv_backward_filter", fits, wide) {
-        let cfg = vec_cfg(cfg, wide);
+    if let Some((name, half, tile)) = channels_last(be, "conv_backward_filter", fits, wide) {
+        let cfg = vec_cfg(cfg, tile);
         let x_dims = [g.n, g.c_in, g.h * g.w];
         return relayout(be, Scratch::X, x, x_dims, g.c_in, half, |xt| {
             relayout(

@@ -40,17 +40,57 @@ fn gemm_shared_bytes(wide: bool) -> u32 {
     }
 }
 
-/// `cfg` for the vector engine: blocks of `gemm::VTHREADS` (128) threads and
-/// its shared memory (`gemm::vshared_bytes`: 3 or 4 stages of (rows + 64) ×
-/// 20 floats).
-pub(super) fn vec_cfg(cfg: LaunchConfig, wide: bool) -> LaunchConfig {
-    let stages = if wide { 3 } else { 4 };
-    let rows = if wide { 128 } else { 64 };
-    LaunchConfig {
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: stages * (rows + 64) * 20 * 4,
-        ..cfg
+/// Tile shape of a vector-engine kernel (`gemm::VNARROW`, `VWIDE`, `VBIG`):
+/// 64×64, 128×64 or 128×128 (rows × columns of the product).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum VecTile {
+    Narrow,
+    Wide,
+    Big,
+}
+
+impl VecTile {
+    /// The 64-row or 128×64 shape, as the scalar engine's `wide` choice.
+    pub(super) fn of(wide: bool) -> Self {
+        if wide { VecTile::Wide } else { VecTile::Narrow }
     }
+    /// The kernel-name suffix of the shape.
+    pub(super) fn suffix(self) -> &'static str {
+        match self {
+            VecTile::Narrow => "",
+            VecTile::Wide => "_wide",
+            VecTile::Big => "_big",
+        }
+    }
+}
+
+/// `cfg` (a grid of 64-column tiles of 64 or 128 rows) for a vector-engine
+/// kernel of shape `tile`: 128-column tiles halve grid x; blocks of
+/// `gemm::VTHREADS` (128) threads with `gemm::vshared_bytes` of shared
+/// memory (4 stages of 64 + 64 rows, or 3 of 128 + 64 or 128 + 128, × 80
+/// bytes).
+pub(super) fn vec_cfg(cfg: LaunchConfig, tile: VecTile) -> LaunchConfig {
+    let (gx, gy, gz) = cfg.grid_dim;
+    let (stages, rows, gx) = match tile {
+        VecTile::Narrow => (4, 128, gx),
+        VecTile::Wide => (3, 192, gx),
+        VecTile::Big => (3, 256, gx.div_ceil(2)),
+    };
+    LaunchConfig {
+        grid_dim: (gx, gy, gz),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: stages * rows * 80,
+    }
+}
+
+/// The vector engine's largest dynamic shared memory (3 stages of 256 rows
+/// of 80 bytes), over the 48 KiB a kernel gets without opting in.
+pub(super) const VEC_SHARED_MAX: i32 = 3 * 256 * 80;
+
+/// Whether kernel `name` runs on the vector engine (and so needs
+/// [`VEC_SHARED_MAX`] bytes of dynamic shared memory allowed).
+pub(super) fn is_vec_kernel(name: &str) -> bool {
+    name.contains("_nhwc") || name.contains("_vec_") || name.contains("_rows")
 }
 
 /// The fc kernel `base` for the current precision and tile height, or its
@@ -63,8 +103,9 @@ fn pick(
     wide: bool,
     cfg: LaunchConfig,
 ) -> (&'static str, LaunchConfig) {
-    match be.vec_kernel(&format!("{}_vec", names[0]), fits, wide) {
-        Some(name) => (name, vec_cfg(cfg, wide)),
+    let tile = VecTile::of(wide);
+    match be.vec_kernel(&format!("{}_vec", names[0]), fits, tile) {
+        Some(name) => (name, vec_cfg(cfg, tile)),
         None => (be.gemm_kernel(names, wide), cfg),
     }
 }

@@ -62,12 +62,18 @@ pub(super) fn row_patches(
         pad: u(g.pad)?,
         rw: u(g.rw)?,
     };
+    // One thread per output pair, 32-bit indices in the kernel.
+    let cfg = grid_1d(be, g.len() / 2);
+    let step = cfg.grid_dim.0 as usize * cfg.block_dim.0 as usize;
+    ensure!(
+        g.len() / 2 + step < u32::MAX as usize,
+        "row_patches: {g:?} has too many elements for 32-bit indexing"
+    );
     let name = if half {
         "row_patches_bf16"
     } else {
         "row_patches"
     };
-    let cfg = grid_1d(be, g.batches * g.rows * g.ow);
     launch!(be, name, cfg, || format!("{g:?}"); src, dst, &shape)
 }
 

@@ -70,15 +70,15 @@ const KERNELS: &[&str] = &[
     "conv_forward_rows_tf32",
     "conv_forward_rows_tf32_wide",
     "conv_forward_rows16_bf16",
-    "conv_forward_rows16_bf16_wide",
+    "conv_forward_rows16_bf16_big",
+    "conv_forward_nhwc16_bf16_big",
+    "conv_backward_data_nhwc16_bf16_big",
     "conv_backward_filter_rows_tf32",
     "conv_backward_filter_rows_tf32_wide",
     "conv_backward_filter_rows16_bf16",
     "conv_backward_filter_rows16_bf16_wide",
     "conv_forward_nhwc16_bf16",
-    "conv_forward_nhwc16_bf16_wide",
     "conv_backward_data_nhwc16_bf16",
-    "conv_backward_data_nhwc16_bf16_wide",
     "conv_backward_filter_nhwc16_bf16",
     "conv_backward_filter_nhwc16_bf16_wide",
     "splitk_reduce",
@@ -287,6 +287,13 @@ impl CudaBackend {
             let f = module
                 .load_function(name)
                 .with_context(|| format!("kernel {name} is missing from the PTX module"))?;
+            if gemm::is_vec_kernel(name) {
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    gemm::VEC_SHARED_MAX,
+                )
+                .map_err(|e| anyhow!("allowing {name} its shared memory failed: {e}"))?;
+            }
             funcs.insert(name, f);
         }
         let sm_count = ctx
@@ -348,9 +355,10 @@ impl CudaBackend {
         self.vec_engine = on;
     }
 
-    /// The vector-engine kernel `{base}_{tf32|bf16}[_wide]` when the
-    /// precision and the shape (`fits`) allow it and the engine is on.
-    fn vec_kernel(&self, base: &str, fits: bool, wide: bool) -> Option<&'static str> {
+    /// The vector-engine kernel `{base}_{tf32|bf16}{tile suffix}` when the
+    /// precision and the shape (`fits`) allow it, the engine is on and that
+    /// tile shape exists for it.
+    fn vec_kernel(&self, base: &str, fits: bool, tile: gemm::VecTile) -> Option<&'static str> {
         use crate::config::Precision;
         if !self.vec_engine || !fits {
             return None;
@@ -360,7 +368,7 @@ impl CudaBackend {
             Precision::Tf32 => "tf32",
             Precision::Bf16 => "bf16",
         };
-        let name = format!("{base}_{p}{}", if wide { "_wide" } else { "" });
+        let name = format!("{base}_{p}{}", tile.suffix());
         KERNELS.iter().copied().find(|k| *k == name)
     }
 
