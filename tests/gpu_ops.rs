@@ -568,8 +568,8 @@ fn row_patches(c: &mut Ctx) -> Result<()> {
             (conv(3, 3, 19, 15, 16, 5, 2, 2), 16),
         ),
         (
-            "batch1 1x5x9x9 k3 s1 p0 rw20",
-            (conv(1, 5, 9, 9, 8, 3, 1, 0), 20),
+            "batch1 1x5x9x9 k3 s1 p0 rw24",
+            (conv(1, 5, 9, 9, 8, 3, 1, 0), 24),
         ),
         (
             "alexnet conv1 n2 rw40",

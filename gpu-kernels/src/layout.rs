@@ -17,8 +17,8 @@
 //! `j = kw·C + c < KW·C`, zero outside the image and for `KW·C ≤ j < rw`
 //! (rows padded to whole 16-byte vectors). A window's row `kh` is then `rw`
 //! contiguous elements, so the product reads whole vectors with no bounds
-//! checks. One thread per pair of adjacent output elements (stores
-//! coalesced); 1-D grid-stride.
+//! checks. One thread per 16 bytes of output (4 fp32 or 8 bf16 elements,
+//! one vector store); 1-D grid-stride.
 
 use crate::device::{
     bid_x, bid_y, bid_z, grid_stride, pack_bf16, shared, sync_threads, tid_x, tid_y,
@@ -26,30 +26,45 @@ use crate::device::{
 
 const TILE: u32 = 32;
 
+/// Sixteen bytes, aligned so that a store of it is one `st.global.v4`.
+#[repr(C, align(16))]
+struct Vec16([u32; 4]);
+
 /// An element type the layout kernels can store.
 trait Store: Copy {
+    /// Elements in 16 bytes.
+    const PER_VEC: u32;
     fn from_f32(v: f32) -> Self;
-    /// Stores `lo, hi` at elements `i, i + 1` of `dst` (`i` even).
-    unsafe fn store_pair(dst: *mut Self, i: usize, lo: f32, hi: f32);
+    /// Stores `v[..PER_VEC]` at elements `i..` of `dst` (16-byte aligned).
+    unsafe fn store_vec(dst: *mut Self, i: usize, v: [f32; 8]);
 }
 impl Store for f32 {
+    const PER_VEC: u32 = 4;
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         v
     }
     #[inline(always)]
-    unsafe fn store_pair(dst: *mut f32, i: usize, lo: f32, hi: f32) {
-        unsafe { *(dst.add(i) as *mut [f32; 2]) = [lo, hi] };
+    unsafe fn store_vec(dst: *mut f32, i: usize, v: [f32; 8]) {
+        let w = [v[0].to_bits(), v[1].to_bits(), v[2].to_bits(), v[3].to_bits()];
+        unsafe { *(dst.add(i) as *mut Vec16) = Vec16(w) };
     }
 }
 impl Store for u16 {
+    const PER_VEC: u32 = 8;
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         (pack_bf16(v, 0.0) & 0xffff) as u16
     }
     #[inline(always)]
-    unsafe fn store_pair(dst: *mut u16, i: usize, lo: f32, hi: f32) {
-        unsafe { *(dst.add(i) as *mut u32) = pack_bf16(lo, hi) };
+    unsafe fn store_vec(dst: *mut u16, i: usize, v: [f32; 8]) {
+        let w = [
+            pack_bf16(v[0], v[1]),
+            pack_bf16(v[2], v[3]),
+            pack_bf16(v[4], v[5]),
+            pack_bf16(v[6], v[7]),
+        ];
+        unsafe { *(dst.add(i) as *mut Vec16) = Vec16(w) };
     }
 }
 
@@ -143,28 +158,33 @@ pub unsafe extern "ptx-kernel" fn row_patches_bf16(src: *const f32, dst: *mut u1
 #[inline(always)]
 unsafe fn row_patches_any<T: Store>(src: *const f32, dst: *mut T, g: RowGeom) {
     // 32-bit index math (the launcher checks the element count fits).
-    let pairs = g.rw / 2;
-    let total = g.batches * g.rows * g.ow * pairs;
+    let per = g.rw / T::PER_VEC;
+    let total = g.batches * g.rows * g.ow * per;
     let plane = g.h * g.w;
     let (i, step) = grid_stride();
     let (mut idx, step) = (i as u32, step as u32);
     while idx < total {
-        let (win, jp) = (idx / pairs, idx % pairs);
+        let (win, jv) = (idx / per, idx % per);
         let (br, o) = (win / g.ow, win % g.ow);
         let (b, r) = (br / g.rows, br % g.rows);
         let ih = r as i32 - g.pad as i32;
         let iw0 = (g.stride * o) as i32 - g.pad as i32;
         let at = b as usize * (g.c * plane) as usize + (ih.max(0) as u32 * g.w) as usize;
-        let val = |j: u32| {
-            let (kw, c) = (j / g.c, j % g.c);
+        let j0 = jv * T::PER_VEC;
+        let (mut kw, mut c) = (j0 / g.c, j0 % g.c);
+        let mut v = [0.0f32; 8];
+        for e in v.iter_mut().take(T::PER_VEC as usize) {
             let iw = iw0 + kw as i32;
             if kw < g.kw && (ih as u32) < g.h && (iw as u32) < g.w {
-                unsafe { *src.add(at + (c * plane) as usize + iw as usize) }
-            } else {
-                0.0
+                *e = unsafe { *src.add(at + (c * plane) as usize + iw as usize) };
             }
-        };
-        unsafe { T::store_pair(dst, 2 * idx as usize, val(2 * jp), val(2 * jp + 1)) };
+            c += 1;
+            if c == g.c {
+                c = 0;
+                kw += 1;
+            }
+        }
+        unsafe { T::store_vec(dst, (idx * T::PER_VEC) as usize, v) };
         idx += step;
     }
 }

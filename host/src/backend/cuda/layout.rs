@@ -37,12 +37,13 @@ pub(super) fn row_patches(
     half: bool,
 ) -> Result<()> {
     let out_floats = if half { g.len().div_ceil(2) } else { g.len() };
+    let per = if half { 8 } else { 4 };
     ensure!(
         g.rw >= g.kw * g.c
-            && g.rw.is_multiple_of(2)
+            && g.rw.is_multiple_of(per)
             && src.len() >= g.src_len()
             && dst.len() >= out_floats,
-        "row_patches: {g:?} needs an even rw ≥ kw·c, {} floats in and {out_floats} out, buffers hold {} and {}",
+        "row_patches: {g:?} needs rw ≥ kw·c in whole 16-byte vectors ({per} elements), {} floats in and {out_floats} out, buffers hold {} and {}",
         g.src_len(),
         src.len(),
         dst.len()
@@ -62,11 +63,11 @@ pub(super) fn row_patches(
         pad: u(g.pad)?,
         rw: u(g.rw)?,
     };
-    // One thread per output pair, 32-bit indices in the kernel.
-    let cfg = grid_1d(be, g.len() / 2);
+    // One thread per 16 bytes of output, 32-bit indices in the kernel.
+    let cfg = grid_1d(be, g.len() / per);
     let step = cfg.grid_dim.0 as usize * cfg.block_dim.0 as usize;
     ensure!(
-        g.len() / 2 + step < u32::MAX as usize,
+        g.len() + step * per < u32::MAX as usize,
         "row_patches: {g:?} has too many elements for 32-bit indexing"
     );
     let name = if half {
