@@ -181,10 +181,11 @@ fn channels_last(
     fits: [bool; 2],
     wide: bool,
 ) -> Option<(&'static str, bool, VecTile)> {
-    if fits[1] && be.bf16_operands {
-        if let Some((k, tile)) = vec_tiled(be, &format!("{base}_nhwc16"), wide) {
-            return Some((k, true, tile));
-        }
+    if fits[1]
+        && be.bf16_operands
+        && let Some((k, tile)) = vec_tiled(be, &format!("{base}_nhwc16"), wide)
+    {
+        return Some((k, true, tile));
     }
     let tile = VecTile::of(wide);
     be.vec_kernel(&format!("{base}_nhwc"), fits[0], tile)

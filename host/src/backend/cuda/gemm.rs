@@ -1,12 +1,13 @@
 //! Launchers for the fully connected kernels: `fc_forward`, `fc_backward_data`,
-//! `fc_backward_filter` (64- or 128-row × 64 output tiles of 256 threads, or
-//! 128 on the vector engine; grid
-//! x over the GEMM's N and y over its M; see `gpu-kernels/src/gemm.rs`), the
-//! first two split over K into grid z when their M = batch leaves the GPU
-//! short of blocks (partials summed by `splitk_reduce`, in a fixed order),
-//! and `fc_backward_bias` (one thread per output). In TF32/bf16, products
-//! whose inputs and outputs are multiples of 4 run on the vector engine
-//! (`*_vec` kernels: 16-byte copies, `ldmatrix` where k is contiguous).
+//! `fc_backward_filter` (64- or 128-row × 64 output tiles of 256 threads;
+//! grid x over the GEMM's N and y over its M; see
+//! `gpu-kernels/src/gemm.rs`), the first two split over K into grid z when
+//! their M = batch leaves the GPU short of blocks (partials summed by
+//! `splitk_reduce`, in a fixed order), and `fc_backward_bias` (one thread
+//! per output). In TF32/bf16, products whose inputs and outputs are
+//! multiples of 4 run on the vector engine (`*_vec` kernels: blocks of 128
+//! threads, 16-byte copies, `ldmatrix` where k is contiguous; its tile
+//! shapes are [`VecTile`]).
 
 use super::{CudaBackend, check_len, gemm_names, grid_1d, launch};
 use crate::backend::FcGeom;
