@@ -215,8 +215,20 @@ fn conv_cases() -> Vec<(&'static str, ConvGeom)> {
     keep(all_conv_cases())
 }
 
-fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
-    let g = |n, c_in, h, w, c_out, k, stride, pad, groups| ConvGeom {
+/// A convolution with a square `k × k` kernel.
+#[allow(clippy::too_many_arguments)]
+fn conv_geom(
+    n: usize,
+    c_in: usize,
+    h: usize,
+    w: usize,
+    c_out: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+    groups: usize,
+) -> ConvGeom {
+    ConvGeom {
         n,
         c_in,
         h,
@@ -227,7 +239,11 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
         stride,
         pad,
         groups,
-    };
+    }
+}
+
+fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
+    let g = conv_geom;
     vec![
         (
             "odd 3x5x13x13 -> 7 k3 s2 p1",
@@ -550,18 +566,8 @@ fn transpose(c: &mut Ctx) -> Result<()> {
 /// against their CPU twins, on poisoned destinations, for a convolution's
 /// input and its filter bank.
 fn row_patches(c: &mut Ctx) -> Result<()> {
-    let conv = |n, c_in, h, w, c_out, k, stride, pad| ConvGeom {
-        n,
-        c_in,
-        h,
-        w,
-        c_out,
-        k_h: k,
-        k_w: k,
-        stride,
-        pad,
-        groups: 1,
-    };
+    let conv =
+        |n, c_in, h, w, c_out, k, stride, pad| conv_geom(n, c_in, h, w, c_out, k, stride, pad, 1);
     let cases = keep(vec![
         (
             "odd 3x3x19x15 k5 s2 p2 rw16",

@@ -145,26 +145,17 @@ pub(super) fn conv_backward_data(
     let (cfg, wide) = tiles(be, cg, pixels, g.groups);
     let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
     if let Some((name, half, tile)) = channels_last(be, "conv_backward_data", fits, wide) {
-        let ohw = g.out_h() * g.out_w();
-        return relayout(
-            be,
-            Scratch::Dy,
-            dy,
-            [g.n, g.c_out, ohw],
-            g.c_out,
-            half,
-            |dyt| {
-                relayout(
-                    be,
-                    Scratch::W,
-                    w,
-                    [g.groups, fg, cg * kk],
-                    fg,
-                    half,
-                    |wt| launch!(be, name, vec_cfg(cfg, tile), what; &s, dyt, wt, dx),
-                )
-            },
-        );
+        return dy_nhwc(be, g, dy, half, |dyt| {
+            relayout(
+                be,
+                Scratch::W,
+                w,
+                [g.groups, fg, cg * kk],
+                fg,
+                half,
+                |wt| launch!(be, name, vec_cfg(cfg, tile), what; &s, dyt, wt, dx),
+            )
+        });
     }
     let wide = be.wide_tiles_data_grad();
     let cfg = grid(cg, pixels, g.groups, wide);
@@ -248,6 +239,19 @@ fn cut_rows<R>(
     })
 }
 
+/// Runs `f` with dy of convolution `g` in NHWC (scratch `Dy`), as fp32 or
+/// (`half`) bf16.
+fn dy_nhwc<R>(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    dy: &CudaSlice<f32>,
+    half: bool,
+    f: impl FnOnce(&CudaSlice<f32>) -> Result<R>,
+) -> Result<R> {
+    let dims = [g.n, g.c_out, g.out_h() * g.out_w()];
+    relayout(be, Scratch::Dy, dy, dims, g.c_out, half, f)
+}
+
 /// Runs `f` with `src` transposed per matrix (`[batches, rows, cols]` →
 /// `[batches, cols, rows_out]`, zero-padded rows) into scratch `slot`, as
 /// fp32 or (`half`) bf16.
@@ -298,21 +302,14 @@ pub(super) fn conv_backward_filter(
     let cfg = grid(m, n_len, g.groups * splits as usize, wide);
     let what = || format!("{g:?} splits={splits}");
     let cg = g.c_in / g.groups;
-    let ohw = g.out_h() * g.out_w();
     let rows = row_path(be, g, "conv_backward_filter", wide)
         .filter(|&(_, half, _, _)| m.is_multiple_of(if half { 8 } else { 4 }));
     if let Some((name, half, rw, tile)) = rows {
         let cfg = vec_cfg(grid(m, g.k_h * rw, splits as usize, wide), tile);
         return cut_rows(be, Scratch::X, x, &RowGeom::patches(g, rw), half, |p| {
-            relayout(
-                be,
-                Scratch::Dy,
-                dy,
-                [g.n, g.c_out, ohw],
-                g.c_out,
-                half,
-                |dyt| filter_launch(be, name, cfg, &s, p, dyt, dw, splits, &what),
-            )
+            dy_nhwc(be, g, dy, half, |dyt| {
+                filter_launch(be, name, cfg, &s, p, dyt, dw, splits, &what)
+            })
         });
     }
     let fits = [
@@ -323,15 +320,9 @@ pub(super) fn conv_backward_filter(
         let cfg = vec_cfg(cfg, tile);
         let x_dims = [g.n, g.c_in, g.h * g.w];
         return relayout(be, Scratch::X, x, x_dims, g.c_in, half, |xt| {
-            relayout(
-                be,
-                Scratch::Dy,
-                dy,
-                [g.n, g.c_out, ohw],
-                g.c_out,
-                half,
-                |dyt| filter_launch(be, name, cfg, &s, xt, dyt, dw, splits, &what),
-            )
+            dy_nhwc(be, g, dy, half, |dyt| {
+                filter_launch(be, name, cfg, &s, xt, dyt, dw, splits, &what)
+            })
         });
     }
     let name = be.gemm_kernel(gemm_names!("conv_backward_filter"), wide);
