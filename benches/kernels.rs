@@ -311,6 +311,43 @@ fn main() -> Result<()> {
         })?;
     }
 
+    // The fused pair as the model runs it (x in; pooled output and argmax
+    // out; backward: x, argmax and dz in, dx out).
+    for (name, c, hw) in [("norm1+pool1 96x55x55", 96, 55), ("norm2+pool2 256x27x27", 256, 27)] {
+        let p = LrnParams {
+            n,
+            c,
+            h: hw,
+            w: hw,
+            size: 5,
+            alpha: 1e-4,
+            beta: 0.75,
+            k: 2.0,
+        };
+        let g = PoolGeom {
+            n,
+            c,
+            h: hw,
+            w: hw,
+            size: 3,
+            stride: 2,
+        };
+        let x = rand_buf(&b.be, p.len(), 310)?;
+        let dz = rand_buf(&b.be, g.y_len(), 311)?;
+        let (mut z, mut arg, mut dx) = (
+            b.be.zeros(g.y_len())?,
+            b.be.zeros(g.y_len())?,
+            b.be.zeros(p.len())?,
+        );
+        let (xb, zb) = (4.0 * p.len() as f64, 4.0 * g.y_len() as f64);
+        b.run("lrn_pool_forward", name, 0.0, xb + 2.0 * zb, |be| {
+            be.lrn_pool_forward(&p, &g, &x, &mut z, &mut arg)
+        })?;
+        b.run("lrn_pool_backward", name, 0.0, 2.0 * xb + 2.0 * zb, |be| {
+            be.lrn_pool_backward(&p, &g, &x, &arg, &dz, &mut dx, true)
+        })?;
+    }
+
     for (name, c, hw) in [
         ("pool1 96x55x55", 96, 55),
         ("pool2 256x27x27", 256, 27),

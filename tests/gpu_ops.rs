@@ -128,6 +128,8 @@ const TESTS: &[(&str, Test)] = &[
     ("relu_backward", relu_backward),
     ("lrn_forward", lrn_forward),
     ("lrn_backward", lrn_backward),
+    ("lrn_pool_forward", lrn_pool_forward),
+    ("lrn_pool_backward", lrn_pool_backward),
     ("maxpool_forward", maxpool_forward),
     ("maxpool_backward", maxpool_backward),
     ("dropout_forward", dropout_forward),
@@ -861,6 +863,135 @@ fn lrn_backward(c: &mut Ctx) -> Result<()> {
                     .count();
                 let case = format!("{case} mask");
                 c.check("lrn_backward", &case, &[leaks as f32], &[0.0], 0.0);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// LRN then max pool shapes for the fused pair: odd planes, batch 1,
+/// channel runs of 32 crossed, uncovered bottom/right inputs, odd plane
+/// sizes (2×2 blocks cut at the edge), and AlexNet's norm1/pool1 and
+/// norm2/pool2.
+fn lrn_pool_cases() -> Vec<(&'static str, (LrnParams, PoolGeom))> {
+    let pair = |n, c, h, w, size, pool, alpha| {
+        let p = LrnParams {
+            n,
+            c,
+            h,
+            w,
+            size,
+            alpha,
+            beta: 0.75,
+            k: 2.0,
+        };
+        let g = PoolGeom {
+            n,
+            c,
+            h,
+            w,
+            size: pool,
+            stride: 2,
+        };
+        (p, g)
+    };
+    let case = |name, pg: (LrnParams, PoolGeom)| (name, pg);
+    keep(vec![
+        case("odd 3x7x13x11 size5 3/2", pair(3, 7, 13, 11, 5, 3, 1e-4)),
+        case("batch1 1x3x9x9 size5 3/2", pair(1, 3, 9, 9, 5, 3, 0.5)),
+        case("size3 2x5x8x6 2/2", pair(2, 5, 8, 6, 3, 2, 0.5)),
+        case("runs 2x37x7x9 size3 3/2", pair(2, 37, 7, 9, 3, 3, 0.5)),
+        case("runs 1x65x6x5 size5 2/2", pair(1, 65, 6, 5, 5, 2, 0.5)),
+        case("tail 2x4x10x12 size5 3/2", pair(2, 4, 10, 12, 5, 3, 0.5)),
+        case("odd tail 1x6x13x7 size3 2/2", pair(1, 6, 13, 7, 3, 2, 0.5)),
+        case("single window 1x2x3x3 size5 3/2", pair(1, 2, 3, 3, 5, 3, 0.5)),
+        case("alexnet norm1+pool1 n4 96x55x55", pair(4, 96, 55, 55, 5, 3, 1e-4)),
+        case("alexnet norm2+pool2 n4 256x27x27", pair(4, 256, 27, 27, 5, 3, 1e-4)),
+    ])
+}
+
+fn lrn_pool_forward(c: &mut Ctx) -> Result<()> {
+    for (case, (p, g)) in lrn_pool_cases() {
+        if !c.gpu.lrn_pool_fusable(&p, &g) {
+            c.failures.push(format!("lrn_pool_forward {case}: not fusable"));
+            continue;
+        }
+        let x = c.randn(p.len(), 3.0);
+        let (mut want, mut want_arg) = (vec![0.0; g.y_len()], vec![0.0; g.y_len()]);
+        c.cpu.lrn_pool_forward(&p, &g, &x, &mut want, &mut want_arg)?;
+        let gx = c.gpu.upload(&x)?;
+        let (mut gz, mut garg) = (c.gpu.poisoned(g.y_len())?, c.gpu.poisoned(g.y_len())?);
+        c.gpu.lrn_pool_forward(&p, &g, &gx, &mut gz, &mut garg)?;
+        let (got, got_arg) = (c.gpu.download(&gz)?, c.gpu.download(&garg)?);
+        c.check("lrn_pool_forward", &format!("{case} z"), &got, &want, 1e-5);
+        // The argmax may differ from the reference's only where the two
+        // picks' LRN outputs tie to within the LRN tolerance.
+        let (mut y, mut s) = (vec![0.0; p.len()], vec![0.0; p.len()]);
+        c.cpu.lrn_forward(&p, &x, &mut y, &mut s)?;
+        let (oh, ow) = (g.out_h(), g.out_w());
+        let y_at = |o: usize, at: f32| {
+            let (plane, q) = (o / (oh * ow), o % (oh * ow));
+            let at = at as usize;
+            let (r, col) = ((q / ow) * 2 + at / g.size, (q % ow) * 2 + at % g.size);
+            y[(plane * g.h + r) * g.w + col]
+        };
+        let unexplained = (0..g.y_len())
+            .filter(|&o| {
+                let (a, b) = (got_arg[o], want_arg[o]);
+                !(a == b
+                    || a.fract() == 0.0
+                        && (0.0..(g.size * g.size) as f32).contains(&a)
+                        && (y_at(o, a) - y_at(o, b)).abs() <= 1e-5 * y_at(o, b).abs())
+            })
+            .count();
+        let case = format!("{case} argmax (off only at ties)");
+        c.check("lrn_pool_forward", &case, &[unexplained as f32], &[0.0], 0.0);
+    }
+    // Shapes the fused kernels do not take are refused, not mis-run.
+    let (p, g) = lrn_pool_cases()[0].1;
+    let refused = [
+        (LrnParams { size: 7, ..p }, g),
+        (p, PoolGeom { stride: 1, ..g }),
+        (p, PoolGeom { c: g.c + 1, ..g }),
+    ]
+    .iter()
+    .filter(|(p, g)| !c.gpu.lrn_pool_fusable(p, g))
+    .count();
+    c.check("lrn_pool_forward", "other shapes refused", &[refused as f32], &[3.0], 0.0);
+    Ok(())
+}
+
+fn lrn_pool_backward(c: &mut Ctx) -> Result<()> {
+    // As lrn_backward: plain, then with the preceding ReLU's backward (x a
+    // ReLU output, dx exactly zero where x is). Both sides route by the
+    // GPU forward's argmax, so ties cannot make them differ.
+    for relu in [false, true] {
+        for (case, (p, g)) in lrn_pool_cases() {
+            let mut x = c.randn(p.len(), 3.0);
+            if relu {
+                x.iter_mut().for_each(|v| *v = v.max(0.0));
+            }
+            let dz = c.randn(g.y_len(), 1.0);
+            let gx = c.gpu.upload(&x)?;
+            let (mut gz, mut garg) = (c.gpu.zeros(g.y_len())?, c.gpu.zeros(g.y_len())?);
+            c.gpu.lrn_pool_forward(&p, &g, &gx, &mut gz, &mut garg)?;
+            let arg = c.gpu.download(&garg)?;
+            let mut want = vec![0.0; p.len()];
+            c.cpu.lrn_pool_backward(&p, &g, &x, &arg, &dz, &mut want, relu)?;
+            let gdz = c.gpu.upload(&dz)?;
+            let mut gdx = c.gpu.poisoned(p.len())?;
+            c.gpu.lrn_pool_backward(&p, &g, &gx, &garg, &gdz, &mut gdx, relu)?;
+            let got = c.gpu.download(&gdx)?;
+            let case = format!("{case}{}", if relu { " +relu" } else { "" });
+            c.check("lrn_pool_backward", &case, &got, &want, 1e-5);
+            if relu {
+                let leaks = got
+                    .iter()
+                    .zip(&x)
+                    .filter(|(g, x)| **x <= 0.0 && **g != 0.0)
+                    .count();
+                let case = format!("{case} mask");
+                c.check("lrn_pool_backward", &case, &[leaks as f32], &[0.0], 0.0);
             }
         }
     }

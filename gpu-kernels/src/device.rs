@@ -389,3 +389,15 @@ pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
     };
     [a, b, c, d]
 }
+
+/// Calls `f(i)` for `i` in `0..N` (N ≤ 16), written out: indices into
+/// register arrays stay constants, where a loop LLVM declines to unroll (a
+/// large body) would move the arrays to local memory.
+#[inline(always)]
+pub fn unrolled<const N: usize>(mut f: impl FnMut(usize)) {
+    const { assert!(N <= 16) };
+    macro_rules! calls {
+        ($($i:literal)*) => { $( if $i < N { f($i) } )* };
+    }
+    calls!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+}

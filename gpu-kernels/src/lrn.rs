@@ -15,8 +15,15 @@
 //! afresh, in channel order, for each channel (no running sum, so no
 //! cancellation drift). Other sizes re-read the window from L1 per channel.
 //! 1-D grid-stride over N·H·W·⌈C/chunk⌉ items, any block size.
+//!
+//! `lrn_pool_forward` / `lrn_pool_backward` fuse the LRN with the max pool
+//! that follows it (AlexNet's norm1→pool1, norm2→pool2): the forward reads x
+//! and writes only the pooled output and its argmax offsets; the backward
+//! reads x, those offsets and the pooled gradient, recomputes scale and y,
+//! and writes dx. Neither y, scale nor the pool's input gradient touches
+//! memory (about 3 of 4.5 and 5 of 7.5 plane-sized passes saved).
 
-use crate::device::{fma, grid_stride, powf};
+use crate::device::{fma, grid_stride, powf, unrolled};
 
 /// Item `item` of the grid: the offset of its pixel's channel 0 and its
 /// channel run `[c0, c1)`.
@@ -94,21 +101,35 @@ unsafe fn forward_sliding<const S: usize>(
         xs[i] = load(c0 as i32 + i as i32 - 1 - half);
     }
     for ch in c0..c1 {
-        for i in 0..S - 1 {
-            xs[i] = xs[i + 1];
-        }
-        xs[S - 1] = load(ch as i32 - half + S as i32 - 1);
-        let mut sum = 0.0f32;
-        for i in 0..S {
-            sum = fma(xs[i], xs[i], sum);
-        }
-        let sc = fma(alpha, sum, k);
+        slide(&mut xs, load(ch as i32 - half + S as i32 - 1));
+        let (sc, yv) = lrn_at(&xs, alpha, beta, k);
         let at = ch as usize * hw;
         unsafe {
             *scale.add(at) = sc;
-            *y.add(at) = xs[S / 2] * powf(sc, -beta);
+            *y.add(at) = yv;
         }
     }
+}
+
+/// Shifts a register window down one slot and puts `v` in the last.
+#[inline(always)]
+fn slide<const S: usize>(w: &mut [f32; S], v: f32) {
+    for i in 0..S - 1 {
+        w[i] = w[i + 1];
+    }
+    w[S - 1] = v;
+}
+
+/// `(scale, y)` of the channel at the centre of window `xs` (the sum of
+/// squares in channel order, as every LRN kernel forms it).
+#[inline(always)]
+fn lrn_at<const S: usize>(xs: &[f32; S], alpha: f32, beta: f32, k: f32) -> (f32, f32) {
+    let mut sum = 0.0f32;
+    for v in xs {
+        sum = fma(*v, *v, sum);
+    }
+    let sc = fma(alpha, sum, k);
+    (sc, xs[S / 2] * powf(sc, -beta))
 }
 
 /// As [`forward_sliding`] for any window size, re-reading the window.
@@ -275,5 +296,270 @@ unsafe fn backward_any(
             let direct = *p.dy.add(at) * powf(*p.scale.add(at), -beta);
             p.store(at, xv, direct - 2.0 * alpha * beta * xv * acc);
         }
+    }
+}
+
+/// Shape of a fused LRN + max-pool call (passed by value): LRN over `c`
+/// channels of `h × w` planes (window `size`, constants α, β, k), its output
+/// max-pooled in `pool × pool` windows at `stride` to `oh × ow`; threads
+/// walk runs of `chunk` channels.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LrnPoolGeom {
+    pub n: u32,
+    pub c: u32,
+    pub h: u32,
+    pub w: u32,
+    pub oh: u32,
+    pub ow: u32,
+    pub size: u32,
+    pub pool: u32,
+    pub stride: u32,
+    pub chunk: u32,
+    pub alpha: f32,
+    pub beta: f32,
+    pub k: f32,
+}
+
+/// LRN then max pooling in one pass: `z` and `arg` as `maxpool_forward`
+/// writes them for `lrn_forward`'s `y`, which is never stored (nor is
+/// `scale`: the backward recomputes both from `x`). One thread per (n, oh,
+/// ow) output pixel and run of `chunk` channels; for each of its window's
+/// `pool²` inputs it slides an LRN window of `size` channels in registers
+/// (overlapping windows recompute their shared inputs: 9/4 the LRN
+/// arithmetic for 3/2, none of the traffic). The host launches only
+/// `size ∈ {3, 5}`, `pool ∈ {2, 3}`, `stride = 2`; others trap.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrn_pool_forward(
+    x: *const f32,
+    z: *mut f32,
+    arg: *mut f32,
+    g: LrnPoolGeom,
+) {
+    unsafe {
+        match (g.size, g.pool) {
+            (5, 3) => pool_forward_fused::<5, 3, 9>(x, z, arg, &g),
+            (3, 3) => pool_forward_fused::<3, 3, 9>(x, z, arg, &g),
+            (5, 2) => pool_forward_fused::<5, 2, 4>(x, z, arg, &g),
+            (3, 2) => pool_forward_fused::<3, 2, 4>(x, z, arg, &g),
+            _ => core::arch::nvptx::trap(),
+        }
+    }
+}
+
+/// `lrn_pool_forward` for LRN window `S` and pool window `P` (`Q = P²`
+/// inputs, row-major, so input `q`'s window offset `a·P + b` is `q`).
+#[inline(always)]
+unsafe fn pool_forward_fused<const S: usize, const P: usize, const Q: usize>(
+    x: *const f32,
+    z: *mut f32,
+    arg: *mut f32,
+    g: &LrnPoolGeom,
+) {
+    let (hw, ohw) = ((g.h * g.w) as usize, (g.oh * g.ow) as usize);
+    let pixels = g.n as usize * ohw;
+    let items = pixels * g.c.div_ceil(g.chunk) as usize;
+    let half = (S / 2) as i32;
+    let (mut i, step) = grid_stride();
+    while i < items {
+        let (run, pix) = ((i / pixels) as u32, i % pixels);
+        let (img, o) = (pix / ohw, (pix % ohw) as u32);
+        let (r, q) = (o / g.ow, o % g.ow);
+        let corner = (r * g.stride * g.w + q * g.stride) as usize;
+        let xb = unsafe { x.add(img * g.c as usize * hw + corner) };
+        let out = img * g.c as usize * ohw + o as usize;
+        let (zb, ab) = unsafe { (z.add(out), arg.add(out)) };
+        let c0 = run * g.chunk;
+        let c1 = (c0 + g.chunk).min(g.c);
+        // Input q's value in channel `ch` (0 outside the channels).
+        let load = |ch: i32, q: usize| {
+            if ch >= 0 && ch < g.c as i32 {
+                let at = ch as usize * hw + (q / P) * g.w as usize + q % P;
+                unsafe { *xb.add(at) }
+            } else {
+                0.0
+            }
+        };
+        let mut xs = [[0.0f32; S]; Q];
+        unrolled::<Q>(|q| {
+            unrolled::<S>(|s| {
+                if s > 0 {
+                    xs[q][s] = load(c0 as i32 + s as i32 - 1 - half, q);
+                }
+            })
+        });
+        for ch in c0..c1 {
+            let next = ch as i32 + half;
+            let mut best = f32::NEG_INFINITY;
+            let mut at = 0u32;
+            unrolled::<Q>(|q| {
+                slide(&mut xs[q], load(next, q));
+                let (_, yv) = lrn_at(&xs[q], g.alpha, g.beta, g.k);
+                // The first input always wins (as the reference starts from
+                // it); later ones only on a strict `>`.
+                if q == 0 || yv > best {
+                    best = yv;
+                    at = q as u32;
+                }
+            });
+            let o = ch as usize * ohw;
+            unsafe {
+                *zb.add(o) = best;
+                *ab.add(o) = at as f32;
+            }
+        }
+        i += step;
+    }
+}
+
+/// Backward of `lrn_pool_forward` (and, with `relu` nonzero, of the ReLU
+/// whose output `x` is): `dx` from `x`, the forward's `arg` and `dz`, as
+/// `maxpool_backward` then `lrn_backward` would give, without storing the
+/// pool's input gradient. One thread per (n, 2×2 block of inputs) and run
+/// of `chunk` channels (stride 2 only): the ≤ 4 pool windows meeting the
+/// block give each input's `dy` (routing as `maxpool_backward` does); each
+/// input slides its LRN window of x, recomputes `scale` and `y`, and keeps
+/// `dy·y/scale` for the `size` channels the output channel needs, so the
+/// pipeline runs `size − 1` channels ahead of the channel it writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn lrn_pool_backward(
+    x: *const f32,
+    arg: *const f32,
+    dz: *const f32,
+    dx: *mut f32,
+    g: LrnPoolGeom,
+    relu: u32,
+) {
+    let relu = relu != 0;
+    unsafe {
+        match (g.size, g.pool, g.stride) {
+            (5, 3, 2) => pool_backward_fused::<5, 3>(x, arg, dz, dx, &g, relu),
+            (3, 3, 2) => pool_backward_fused::<3, 3>(x, arg, dz, dx, &g, relu),
+            (5, 2, 2) => pool_backward_fused::<5, 2>(x, arg, dz, dx, &g, relu),
+            (3, 2, 2) => pool_backward_fused::<3, 2>(x, arg, dz, dx, &g, relu),
+            _ => core::arch::nvptx::trap(),
+        }
+    }
+}
+
+/// `lrn_pool_backward` for LRN window `S`, pool window `P`, stride 2.
+/// Input `p = 2i + j` of the block is (2a + i, 2b + j); every window meeting
+/// the block is one of rows (a − 1 | a) × columns (b − 1 | b).
+#[inline(always)]
+unsafe fn pool_backward_fused<const S: usize, const P: usize>(
+    x: *const f32,
+    arg: *const f32,
+    dz: *const f32,
+    dx: *mut f32,
+    g: &LrnPoolGeom,
+    relu: bool,
+) {
+    const NONE: u32 = u32::MAX;
+    let (hw, ohw) = ((g.h * g.w) as usize, (g.oh * g.ow) as usize);
+    let (bh, bw) = (g.h.div_ceil(2), g.w.div_ceil(2));
+    let blocks = g.n as usize * (bh * bw) as usize;
+    let items = blocks * g.c.div_ceil(g.chunk) as usize;
+    let half = (S / 2) as i32;
+    let coef = 2.0 * g.alpha * g.beta;
+    let (mut it, step) = grid_stride();
+    while it < items {
+        let (run, blk) = ((it / blocks) as u32, it % blocks);
+        let (img, q) = (blk / (bh * bw) as usize, (blk % (bh * bw) as usize) as u32);
+        let (a, b) = (q / bw, q % bw);
+        // Inputs inside the plane; the others load a clamped neighbour and
+        // store nothing.
+        let (rows, cols) = ((g.h - 2 * a).min(2), (g.w - 2 * b).min(2));
+        let off = |p: usize| {
+            let (i, j) = ((p as u32 / 2).min(rows - 1), (p as u32 % 2).min(cols - 1));
+            ((2 * a + i) * g.w + 2 * b + j) as usize
+        };
+        let inside = |p: usize| (p as u32 / 2) < rows && (p as u32 % 2) < cols;
+        let xb = unsafe { x.add(img * g.c as usize * hw) };
+        let dxb = unsafe { dx.add(img * g.c as usize * hw) };
+        let (zb, ab) = unsafe {
+            let o = img * g.c as usize * ohw;
+            (dz.add(o), arg.add(o))
+        };
+        // The candidate windows (a − 1 wraps when a = 0), whether each
+        // exists, and the in-bounds window loaded in its place.
+        let (rs, cs) = ([a.wrapping_sub(1), a], [b.wrapping_sub(1), b]);
+        let (r_ok, c_ok) = (rs.map(|r| r < g.oh), cs.map(|c| c < g.ow));
+        let (rl, cl) = (rs.map(|r| r.min(g.oh - 1)), cs.map(|c| c.min(g.ow - 1)));
+        let c0 = run * g.chunk;
+        let c1 = (c0 + g.chunk).min(g.c);
+        let load_x = |ch: i32, p: usize| {
+            if ch >= 0 && ch < g.c as i32 {
+                unsafe { *xb.add(ch as usize * hw + off(p)) }
+            } else {
+                0.0
+            }
+        };
+        // Per input: x over channels [t, t + S − 1] and, for channels
+        // [t − ⌊S/2⌋, t + ⌊S/2⌋] (those whose window holds t), dy·y/scale,
+        // dy and scale (0, 0, 1 outside the channels).
+        let mut xs = [[0.0f32; S]; 4];
+        let (mut qs, mut ds, mut ss) = ([[0.0f32; S]; 4], [[0.0f32; S]; 4], [[1.0f32; S]; 4]);
+        let start = c0 as i32 - 2 * half;
+        unrolled::<4>(|p| {
+            unrolled::<S>(|s| {
+                if s > 0 {
+                    xs[p][s] = load_x(start + s as i32 - 1, p);
+                }
+            })
+        });
+        for t in start..c1 as i32 {
+            unrolled::<4>(|p| slide(&mut xs[p], load_x(t + 2 * half, p)));
+            let m = t + half;
+            if m >= 0 && m < g.c as i32 {
+                let plane = m as usize * ohw;
+                // Window (rs[u], cs[v])'s block-local key and dz, in window
+                // order (a−1, b−1), (a−1, b), (a, b−1), (a, b).
+                let mut keys = [(NONE, 0.0f32); 4];
+                unrolled::<4>(|k| {
+                    let (u, v) = (k / 2, k % 2);
+                    let o = plane + (rl[u] * g.ow + cl[v]) as usize;
+                    let (at, d) = unsafe { (*ab.add(o), *zb.add(o)) };
+                    let at = unsafe { at.to_int_unchecked::<u32>() };
+                    let i = (at / P as u32 + 2 * u as u32).wrapping_sub(2);
+                    let j = (at % P as u32 + 2 * v as u32).wrapping_sub(2);
+                    if r_ok[u] & c_ok[v] & (i < 2) & (j < 2) {
+                        keys[k] = (2 * i + j, d);
+                    }
+                });
+                unrolled::<4>(|p| {
+                    let mut dy = 0.0f32;
+                    for (k, d) in keys {
+                        dy += if k == p as u32 { d } else { 0.0 };
+                    }
+                    let (sc, yv) = lrn_at(&xs[p], g.alpha, g.beta, g.k);
+                    slide(&mut qs[p], dy * yv / sc);
+                    slide(&mut ds[p], dy);
+                    slide(&mut ss[p], sc);
+                });
+            } else {
+                unrolled::<4>(|p| {
+                    slide(&mut qs[p], 0.0);
+                    slide(&mut ds[p], 0.0);
+                    slide(&mut ss[p], 1.0);
+                });
+            }
+            if t >= c0 as i32 {
+                let plane = t as usize * hw;
+                unrolled::<4>(|p| {
+                    let xv = xs[p][0];
+                    let mut acc = 0.0f32;
+                    for v in &qs[p] {
+                        acc += *v;
+                    }
+                    let direct = ds[p][S / 2] * powf(ss[p][S / 2], -g.beta);
+                    let v = direct - coef * xv * acc;
+                    let masked = relu && !(xv > 0.0);
+                    if inside(p) {
+                        unsafe { *dxb.add(plane + off(p)) = if masked { 0.0 } else { v } };
+                    }
+                });
+            }
+        }
+        it += step;
     }
 }

@@ -94,8 +94,12 @@ pub fn bench<B: Backend>(
         let reps = steps.clamp(3, 20);
         for i in 0..model.layers.len() {
             let f = median(be.time_ms(1, reps, &mut || model.forward_layer(be, i, dropout))?);
+            let name = &model.layers[i].name;
             layers.push(LayerTime {
-                name: model.layers[i].name.clone(),
+                name: match model.done_by(i) {
+                    Some(j) => format!("{name} (in {})", model.layers[j].name),
+                    None => name.clone(),
+                },
                 forward_ms: f,
                 backward_ms: 0.0,
             });
@@ -144,18 +148,18 @@ impl BenchResult {
                 .map(|l| l.forward_ms + l.backward_ms)
                 .sum();
             println!(
-                "  {:<10} {:>10} {:>10} {:>7}",
+                "  {:<16} {:>10} {:>10} {:>7}",
                 "layer", "fwd ms", "bwd ms", "share"
             );
             for l in &self.layers {
                 let share = (l.forward_ms + l.backward_ms) / total * 100.0;
                 println!(
-                    "  {:<10} {:>10.3} {:>10.3} {:>6.1}%",
+                    "  {:<16} {:>10.3} {:>10.3} {:>6.1}%",
                     l.name, l.forward_ms, l.backward_ms, share
                 );
             }
             println!(
-                "  {:<10} {:>21.3} ms (sum of layers; the SGD update is the rest of a step)",
+                "  {:<16} {:>21.3} ms (sum of layers; the SGD update is the rest of a step)",
                 "total", total
             );
         }

@@ -3,7 +3,9 @@
 //!
 //! Activations are NCHW; ReLU and dropout work in place on the previous
 //! layer's buffer (so do their gradients), every other layer writes a buffer
-//! of its own. fc layers read the NCHW activation as `[n, C·H·W]`, which is
+//! of its own. An LRN followed by a max pool runs as one fused op each way
+//! where the backend takes the shapes (the LRN's output and scale buffers
+//! then stay unused). fc layers read the NCHW activation as `[n, C·H·W]`, which is
 //! PyTorch's flatten order, so fc6's weights need no permutation to match.
 //! Parameters use PyTorch's layouts (conv `[out, in/groups, kh, kw]`,
 //! fc `[out, in]`).
@@ -40,6 +42,10 @@ struct Slot {
     /// epilogue), and whose backward pass the LRN layer after it does.
     relu_in_prev: bool,
     relu_in_next: bool,
+    /// An LRN layer that also does the max pool after it, both ways
+    /// ([`Backend::lrn_pool_forward`]); that pool layer is `pool_in_prev`.
+    pool_in_lrn: bool,
+    pool_in_prev: bool,
 }
 
 /// A network instantiated for a fixed batch size on backend `B`.
@@ -140,6 +146,8 @@ impl<B: Backend> Model<B> {
                 saved: None,
                 relu_in_prev: false,
                 relu_in_next: false,
+                pool_in_lrn: false,
+                pool_in_prev: false,
             };
             let init = match &l.kind {
                 LayerKind::Conv(c) => Some((c.init_std, c.init_bias)),
@@ -179,6 +187,14 @@ impl<B: Backend> Model<B> {
                 slots[i].relu_in_prev = matches!(prev, Some(LayerKind::Conv(_)));
                 slots[i].relu_in_next = matches!(next, Some(LayerKind::Lrn(_)));
             }
+            if let (Some(p), Some(g)) = (
+                layers[i].lrn_params(batch),
+                layers.get(i + 1).and_then(|l| l.pool_geom(batch)),
+            ) && be.lrn_pool_fusable(&p, &g)
+            {
+                slots[i].pool_in_lrn = true;
+                slots[i + 1].pool_in_prev = true;
+            }
         }
         Ok(Self {
             labels: be.upload_labels(&vec![0; batch])?,
@@ -194,6 +210,12 @@ impl<B: Backend> Model<B> {
             grads,
             saved,
         })
+    }
+
+    /// The layer that does layer `i`'s work along with its own (a max pool
+    /// fused into the LRN before it), if any.
+    pub fn done_by(&self, i: usize) -> Option<usize> {
+        self.slots[i].pool_in_prev.then(|| i - 1)
     }
 
     /// The last layer's output activation.
@@ -280,11 +302,19 @@ impl<B: Backend> Model<B> {
                 }
                 LayerKind::Relu if s.relu_in_prev => {}
                 LayerKind::Relu => be.relu_forward(&mut self.acts[s.dst])?,
+                LayerKind::Lrn(_) if s.pool_in_lrn => {
+                    let p = l.lrn_params(n).unwrap();
+                    let (pl, ps) = (&self.layers[i + 1], &self.slots[i + 1]);
+                    let g = pl.pool_geom(n).unwrap();
+                    let (x, z) = pair(&mut self.acts, s.src, ps.dst);
+                    be.lrn_pool_forward(&p, &g, x, z, &mut self.saved[ps.saved.unwrap()])?;
+                }
                 LayerKind::Lrn(_) => {
                     let p = l.lrn_params(n).unwrap();
                     let (x, y) = pair(&mut self.acts, s.src, s.dst);
                     be.lrn_forward(&p, x, y, &mut self.saved[s.saved.unwrap()])?;
                 }
+                LayerKind::MaxPool(_) if s.pool_in_prev => {}
                 LayerKind::MaxPool(_) => {
                     let g = l.pool_geom(n).unwrap();
                     let (x, y) = pair(&mut self.acts, s.src, s.dst);
@@ -384,6 +414,15 @@ impl<B: Backend> Model<B> {
                         be.conv_backward_data(&g, dy, &self.params[w].value, dx)?;
                     }
                 }
+                LayerKind::Lrn(_) if s.pool_in_lrn => {
+                    let p = l.lrn_params(n).unwrap();
+                    let (pl, ps) = (&self.layers[i + 1], &self.slots[i + 1]);
+                    let g = pl.pool_geom(n).unwrap();
+                    let (dz, dx) = pair(&mut self.grads, ps.dst, s.src);
+                    let (x, arg) = (&self.acts[s.src], &self.saved[ps.saved.unwrap()]);
+                    let relu = i > 0 && self.slots[i - 1].relu_in_next;
+                    be.lrn_pool_backward(&p, &g, x, arg, dz, dx, relu)?;
+                }
                 LayerKind::Lrn(_) => {
                     let p = l.lrn_params(n).unwrap();
                     let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
@@ -395,6 +434,7 @@ impl<B: Backend> Model<B> {
                         be.lrn_backward(&p, x, y, scale, dy, dx)?;
                     }
                 }
+                LayerKind::MaxPool(_) if s.pool_in_prev => {}
                 LayerKind::MaxPool(_) => {
                     let g = l.pool_geom(n).unwrap();
                     let (dy, dx) = pair(&mut self.grads, s.dst, s.src);

@@ -432,6 +432,35 @@ pub trait Backend {
         self.relu_backward(x, dx)
     }
 
+    /// Whether [`Backend::lrn_pool_forward`] / [`Backend::lrn_pool_backward`]
+    /// take LRN `p` followed by max pool `g` in one pass each (the model
+    /// fuses the pair when they do, else runs them one by one).
+    fn lrn_pool_fusable(&self, p: &LrnParams, g: &PoolGeom) -> bool;
+    /// `lrn_forward` then `maxpool_forward` on its output, writing only the
+    /// pool's `z` and `arg` (`x` is `p`'s input, `z` and `arg` `g`'s output).
+    fn lrn_pool_forward(
+        &self,
+        p: &LrnParams,
+        g: &PoolGeom,
+        x: &Self::Buf,
+        z: &mut Self::Buf,
+        arg: &mut Self::Buf,
+    ) -> Result<()>;
+    /// The backward of [`Backend::lrn_pool_forward`]: `dx` from `x`, `arg`
+    /// and `dz`, as `maxpool_backward` then `lrn_backward` (then, with
+    /// `relu`, the backward of the ReLU whose output `x` is) would give.
+    #[allow(clippy::too_many_arguments)] // the tensors, plus the ReLU flag
+    fn lrn_pool_backward(
+        &self,
+        p: &LrnParams,
+        g: &PoolGeom,
+        x: &Self::Buf,
+        arg: &Self::Buf,
+        dz: &Self::Buf,
+        dx: &mut Self::Buf,
+        relu: bool,
+    ) -> Result<()>;
+
     /// `y` = each window's maximum; `arg` (same length) = where its first
     /// maximum lies (row-major scan; ties go to the lowest row, then
     /// column), as the offset `a·size + b` in the window, stored as f32.

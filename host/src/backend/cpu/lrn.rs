@@ -10,11 +10,17 @@
 //!
 //! Window sums are taken in f64 per pixel column; each sample is independent,
 //! so the outer loop runs on rayon over the batch.
+//!
+//! `lrn_pool_forward` / `lrn_pool_backward` (the GPU fuses LRN with the max
+//! pool after it) are defined here as that composition: LRN, then
+//! [`pool::maxpool_forward`]; backward recomputes `y` and `scale` from `x`,
+//! routes `dz` with [`pool::maxpool_backward`], then runs [`lrn_backward`].
 
 use std::ops::Range;
 
 use rayon::prelude::*;
 
+use super::{activation, pool};
 use crate::backend::*;
 
 /// The channels `c'` in `window(c)`: `c − size/2 ..= c − size/2 + size − 1`,
@@ -117,4 +123,43 @@ pub fn lrn_backward(
             }
         }
     });
+}
+
+fn check_pair(p: &LrnParams, g: &PoolGeom) {
+    assert!(
+        (p.n, p.c, p.h, p.w) == (g.n, g.c, g.h, g.w),
+        "lrn_pool: LRN shape {:?} and pool input {:?} differ",
+        (p.n, p.c, p.h, p.w),
+        (g.n, g.c, g.h, g.w)
+    );
+}
+
+/// `maxpool_forward(lrn_forward(x))`: the pool's `z` and `arg` (overwrites
+/// both; `y` and `scale` are temporaries).
+pub fn lrn_pool_forward(p: &LrnParams, g: &PoolGeom, x: &[f32], z: &mut [f32], arg: &mut [f32]) {
+    check_pair(p, g);
+    let (mut y, mut scale) = (vec![0.0; p.len()], vec![0.0; p.len()]);
+    lrn_forward(p, x, &mut y, &mut scale);
+    pool::maxpool_forward(g, &y, z, arg);
+}
+
+/// The backward of [`lrn_pool_forward`] given its `arg`, and with `relu`
+/// that of the ReLU whose output `x` is (overwrites `dx`).
+pub fn lrn_pool_backward(
+    p: &LrnParams,
+    g: &PoolGeom,
+    x: &[f32],
+    arg: &[f32],
+    dz: &[f32],
+    dx: &mut [f32],
+    relu: bool,
+) {
+    check_pair(p, g);
+    let (mut y, mut scale, mut dy) = (vec![0.0; p.len()], vec![0.0; p.len()], vec![0.0; p.len()]);
+    lrn_forward(p, x, &mut y, &mut scale);
+    pool::maxpool_backward(g, arg, dz, &mut dy);
+    lrn_backward(p, x, &y, &scale, &dy, dx);
+    if relu {
+        activation::relu_backward(x, dx);
+    }
 }

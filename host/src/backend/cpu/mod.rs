@@ -258,6 +258,46 @@ impl Backend for CpuBackend {
         lrn::lrn_backward(p, x, y, scale, dy, dx);
         Ok(())
     }
+    fn lrn_pool_fusable(&self, _: &LrnParams, _: &PoolGeom) -> bool {
+        true
+    }
+    fn lrn_pool_forward(
+        &self,
+        p: &LrnParams,
+        g: &PoolGeom,
+        x: &Vec<f32>,
+        z: &mut Vec<f32>,
+        arg: &mut Vec<f32>,
+    ) -> Result<()> {
+        lens(
+            "lrn_pool_forward",
+            &[(x, p.len()), (z, g.y_len()), (arg, g.y_len())],
+        )?;
+        lrn::lrn_pool_forward(p, g, x, z, arg);
+        Ok(())
+    }
+    fn lrn_pool_backward(
+        &self,
+        p: &LrnParams,
+        g: &PoolGeom,
+        x: &Vec<f32>,
+        arg: &Vec<f32>,
+        dz: &Vec<f32>,
+        dx: &mut Vec<f32>,
+        relu: bool,
+    ) -> Result<()> {
+        lens(
+            "lrn_pool_backward",
+            &[
+                (x, p.len()),
+                (arg, g.y_len()),
+                (dz, g.y_len()),
+                (dx, p.len()),
+            ],
+        )?;
+        lrn::lrn_pool_backward(p, g, x, arg, dz, dx, relu);
+        Ok(())
+    }
     fn maxpool_forward(
         &self,
         g: &PoolGeom,

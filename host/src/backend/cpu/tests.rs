@@ -386,6 +386,49 @@ fn lrn_backward_finite_differences() {
     }
 }
 
+#[test]
+fn lrn_pool_backward_finite_differences() {
+    // The fused LRN + max pool (the GPU's one-pass pair) on its own: the
+    // composition's backward against finite differences of its forward.
+    for (size, pool, relu) in [(5, 3, false), (3, 2, true)] {
+        let mut r = rng(20 + size as u64);
+        let p = LrnParams {
+            n: 2,
+            c: 6,
+            h: 5,
+            w: 6,
+            size,
+            alpha: 0.3,
+            beta: 0.75,
+            k: 2.0,
+        };
+        let g = PoolGeom {
+            n: 2,
+            c: 6,
+            h: 5,
+            w: 6,
+            size: pool,
+            stride: 2,
+        };
+        // Distinct positive values 0.05 apart (a ReLU's output where `relu`),
+        // so ±h never changes a window's argmax.
+        let mut x: Vec<f32> = (0..p.len()).map(|i| 0.1 + i as f32 * 0.05).collect();
+        x.shuffle(&mut r);
+        let dz = random_vec(&mut r, g.y_len(), 1.0);
+        let fwd = |x: &[f32]| {
+            let (mut z, mut arg) = (poisoned(g.y_len()), poisoned(g.y_len()));
+            lrn::lrn_pool_forward(&p, &g, x, &mut z, &mut arg);
+            (z, arg)
+        };
+        let (_, arg) = fwd(&x);
+        let mut dx = poisoned(p.len());
+        lrn::lrn_pool_backward(&p, &g, &x, &arg, &dz, &mut dx, relu);
+        check_gradient(&format!("lrn_pool dx ({size}, {pool}/2)"), &x, &dx, |x| {
+            dot(&dz, &fwd(x).0)
+        });
+    }
+}
+
 // ---------------------------------------------------------------- maxpool
 
 fn maxpool(g: &PoolGeom, x: &[f32]) -> Vec<f32> {

@@ -117,6 +117,8 @@ const KERNELS: &[&str] = &[
     "relu_backward",
     "lrn_forward",
     "lrn_backward",
+    "lrn_pool_forward",
+    "lrn_pool_backward",
     "maxpool_forward",
     "maxpool_backward",
     "dropout_forward",
@@ -218,6 +220,10 @@ pub struct CudaBackend {
     /// Whether bf16 channels-last convolutions read bf16 copies of their
     /// operands (`ALEXNET_BF16_OPERANDS=0` keeps them fp32; benchmarks).
     bf16_operands: bool,
+    /// Whether LRN followed by max pooling runs as one fused pass each way
+    /// where the kernels take the shapes (`ALEXNET_FUSE_LRN_POOL=0` runs
+    /// them separately; benchmarks).
+    fuse_lrn_pool: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
     scratch: [Mutex<Option<CudaSlice<f32>>>; 3],
@@ -319,6 +325,7 @@ impl CudaBackend {
             },
             vec_engine: std::env::var("ALEXNET_VEC_ENGINE").map_or(true, |v| v != "0"),
             bf16_operands: std::env::var("ALEXNET_BF16_OPERANDS").map_or(true, |v| v != "0"),
+            fuse_lrn_pool: std::env::var("ALEXNET_FUSE_LRN_POOL").map_or(true, |v| v != "0"),
             scratch: Default::default(),
         })
     }
@@ -784,6 +791,31 @@ impl Backend for CudaBackend {
         dx: &mut Self::Buf,
     ) -> Result<()> {
         lrn::lrn_backward(self, p, x, y, scale, dy, dx, true)
+    }
+    fn lrn_pool_fusable(&self, p: &LrnParams, g: &PoolGeom) -> bool {
+        self.fuse_lrn_pool && lrn::fusable(p, g)
+    }
+    fn lrn_pool_forward(
+        &self,
+        p: &LrnParams,
+        g: &PoolGeom,
+        x: &Self::Buf,
+        z: &mut Self::Buf,
+        arg: &mut Self::Buf,
+    ) -> Result<()> {
+        lrn::lrn_pool_forward(self, p, g, x, z, arg)
+    }
+    fn lrn_pool_backward(
+        &self,
+        p: &LrnParams,
+        g: &PoolGeom,
+        x: &Self::Buf,
+        arg: &Self::Buf,
+        dz: &Self::Buf,
+        dx: &mut Self::Buf,
+        relu: bool,
+    ) -> Result<()> {
+        lrn::lrn_pool_backward(self, p, g, x, arg, dz, dx, relu)
     }
     fn maxpool_forward(
         &self,
