@@ -388,12 +388,16 @@ unsafe fn pool_forward_fused<const S: usize, const P: usize, const Q: usize>(
                 }
             })
         });
+        // Loads run one channel ahead of their use (two steps in flight).
+        let mut next = [0.0f32; Q];
+        unrolled::<Q>(|q| next[q] = load(c0 as i32 + half, q));
         for ch in c0..c1 {
-            let next = ch as i32 + half;
+            let cur = next;
+            unrolled::<Q>(|q| next[q] = load(ch as i32 + 1 + half, q));
             let mut best = f32::NEG_INFINITY;
             let mut at = 0u32;
             unrolled::<Q>(|q| {
-                slide(&mut xs[q], load(next, q));
+                slide(&mut xs[q], cur[q]);
                 let (_, yv) = lrn_at(&xs[q], g.alpha, g.beta, g.k);
                 // The first input always wins (as the reference starts from
                 // it); later ones only on a strict `>`.
@@ -415,12 +419,15 @@ unsafe fn pool_forward_fused<const S: usize, const P: usize, const Q: usize>(
 /// Backward of `lrn_pool_forward` (and, with `relu` nonzero, of the ReLU
 /// whose output `x` is): `dx` from `x`, the forward's `arg` and `dz`, as
 /// `maxpool_backward` then `lrn_backward` would give, without storing the
-/// pool's input gradient. One thread per (n, 2×2 block of inputs) and run
-/// of `chunk` channels (stride 2 only): the ≤ 4 pool windows meeting the
-/// block give each input's `dy` (routing as `maxpool_backward` does); each
-/// input slides its LRN window of x, recomputes `scale` and `y`, and keeps
-/// `dy·y/scale` for the `size` channels the output channel needs, so the
-/// pipeline runs `size − 1` channels ahead of the channel it writes.
+/// pool's input gradient. One thread per (n, h, w) input pixel and run of
+/// `chunk` channels (consecutive threads take consecutive pixels, so x and
+/// dx are coalesced): the ≤ 2×2 pool windows (stride 2) that can hold the
+/// pixel give its `dy` where their `arg` names it; the pixel slides its LRN
+/// window of x, recomputes `scale` and `y`, and keeps `dy·y/scale` for the
+/// `size` channels the output channel needs, so the pipeline runs
+/// `size − 1` channels ahead of the channel it writes. (A 2×2 block of
+/// pixels per thread, sharing the window loads, measured 3× slower: its
+/// stride-2 stores and loads.)
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn lrn_pool_backward(
     x: *const f32,
@@ -442,9 +449,9 @@ pub unsafe extern "ptx-kernel" fn lrn_pool_backward(
     }
 }
 
-/// `lrn_pool_backward` for LRN window `S`, pool window `P`, stride 2.
-/// Input `p = 2i + j` of the block is (2a + i, 2b + j); every window meeting
-/// the block is one of rows (a − 1 | a) × columns (b − 1 | b).
+/// `lrn_pool_backward` for LRN window `S`, pool window `P ≤ 4`, stride 2:
+/// input row `ih` lies in window rows `ih/2 − 1` and `ih/2` at most (and
+/// likewise columns), at offset `(ih − 2r)·P + (iw − 2c)` in window (r, c).
 #[inline(always)]
 unsafe fn pool_backward_fused<const S: usize, const P: usize>(
     x: *const f32,
@@ -454,110 +461,95 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize>(
     g: &LrnPoolGeom,
     relu: bool,
 ) {
-    const NONE: u32 = u32::MAX;
     let (hw, ohw) = ((g.h * g.w) as usize, (g.oh * g.ow) as usize);
-    let (bh, bw) = (g.h.div_ceil(2), g.w.div_ceil(2));
-    let blocks = g.n as usize * (bh * bw) as usize;
-    let items = blocks * g.c.div_ceil(g.chunk) as usize;
+    let pixels = g.n as usize * hw;
+    let items = pixels * g.c.div_ceil(g.chunk) as usize;
     let half = (S / 2) as i32;
     let coef = 2.0 * g.alpha * g.beta;
     let (mut it, step) = grid_stride();
     while it < items {
-        let (run, blk) = ((it / blocks) as u32, it % blocks);
-        let (img, q) = (blk / (bh * bw) as usize, (blk % (bh * bw) as usize) as u32);
-        let (a, b) = (q / bw, q % bw);
-        // Inputs inside the plane; the others load a clamped neighbour and
-        // store nothing.
-        let (rows, cols) = ((g.h - 2 * a).min(2), (g.w - 2 * b).min(2));
-        let off = |p: usize| {
-            let (i, j) = ((p as u32 / 2).min(rows - 1), (p as u32 % 2).min(cols - 1));
-            ((2 * a + i) * g.w + 2 * b + j) as usize
-        };
-        let inside = |p: usize| (p as u32 / 2) < rows && (p as u32 % 2) < cols;
-        let xb = unsafe { x.add(img * g.c as usize * hw) };
-        let dxb = unsafe { dx.add(img * g.c as usize * hw) };
-        let (zb, ab) = unsafe {
-            let o = img * g.c as usize * ohw;
-            (dz.add(o), arg.add(o))
-        };
-        // The candidate windows (a − 1 wraps when a = 0), whether each
-        // exists, and the in-bounds window loaded in its place.
-        let (rs, cs) = ([a.wrapping_sub(1), a], [b.wrapping_sub(1), b]);
-        let (r_ok, c_ok) = (rs.map(|r| r < g.oh), cs.map(|c| c < g.ow));
-        let (rl, cl) = (rs.map(|r| r.min(g.oh - 1)), cs.map(|c| c.min(g.ow - 1)));
+        let (run, pix) = ((it / pixels) as u32, it % pixels);
+        let (img, q) = (pix / hw, (pix % hw) as u32);
+        let (ih, iw) = (q / g.w, q % g.w);
+        let xb = unsafe { x.add(img * g.c as usize * hw + q as usize) };
+        let dxb = unsafe { dx.add(img * g.c as usize * hw + q as usize) };
+        // Candidate windows (r, c) in window order; for each, the offset
+        // this pixel would have in it (as `arg` stores it), whether it
+        // holds the pixel, and its in-bounds index to load.
+        let mut wins = [(0.0f32, false, 0usize); 4];
+        unrolled::<4>(|k| {
+            let (r, c) = ((ih / 2 + k as u32 / 2).wrapping_sub(1), (iw / 2 + k as u32 % 2).wrapping_sub(1));
+            let (dr, dc) = (ih.wrapping_sub(2 * r), iw.wrapping_sub(2 * c));
+            let ok = r < g.oh && c < g.ow && dr < P as u32 && dc < P as u32;
+            let at = (r.min(g.oh - 1) * g.ow + c.min(g.ow - 1)) as usize;
+            wins[k] = ((dr * P as u32 + dc) as f32, ok, img * g.c as usize * ohw + at);
+        });
         let c0 = run * g.chunk;
         let c1 = (c0 + g.chunk).min(g.c);
-        let load_x = |ch: i32, p: usize| {
+        let load_x = |ch: i32| {
             if ch >= 0 && ch < g.c as i32 {
-                unsafe { *xb.add(ch as usize * hw + off(p)) }
+                unsafe { *xb.add(ch as usize * hw) }
             } else {
                 0.0
             }
         };
-        // Per input: x over channels [t, t + S − 1] and, for channels
+        // x over channels [t, t + S − 1] and, for channels
         // [t − ⌊S/2⌋, t + ⌊S/2⌋] (those whose window holds t), dy·y/scale,
         // dy and scale (0, 0, 1 outside the channels).
-        let mut xs = [[0.0f32; S]; 4];
-        let (mut qs, mut ds, mut ss) = ([[0.0f32; S]; 4], [[0.0f32; S]; 4], [[1.0f32; S]; 4]);
-        let start = c0 as i32 - 2 * half;
-        unrolled::<4>(|p| {
-            unrolled::<S>(|s| {
-                if s > 0 {
-                    xs[p][s] = load_x(start + s as i32 - 1, p);
-                }
-            })
-        });
-        for t in start..c1 as i32 {
-            unrolled::<4>(|p| slide(&mut xs[p], load_x(t + 2 * half, p)));
-            let m = t + half;
+        // The windows' (arg, dz) in channel `m` (unused outside the
+        // channels).
+        let load_w = |m: i32| {
+            let mut v = [(0.0f32, 0.0f32); 4];
             if m >= 0 && m < g.c as i32 {
                 let plane = m as usize * ohw;
-                // Window (rs[u], cs[v])'s block-local key and dz, in window
-                // order (a−1, b−1), (a−1, b), (a, b−1), (a, b).
-                let mut keys = [(NONE, 0.0f32); 4];
                 unrolled::<4>(|k| {
-                    let (u, v) = (k / 2, k % 2);
-                    let o = plane + (rl[u] * g.ow + cl[v]) as usize;
-                    let (at, d) = unsafe { (*ab.add(o), *zb.add(o)) };
-                    let at = unsafe { at.to_int_unchecked::<u32>() };
-                    let i = (at / P as u32 + 2 * u as u32).wrapping_sub(2);
-                    let j = (at % P as u32 + 2 * v as u32).wrapping_sub(2);
-                    if r_ok[u] & c_ok[v] & (i < 2) & (j < 2) {
-                        keys[k] = (2 * i + j, d);
-                    }
-                });
-                unrolled::<4>(|p| {
-                    let mut dy = 0.0f32;
-                    for (k, d) in keys {
-                        dy += if k == p as u32 { d } else { 0.0 };
-                    }
-                    let (sc, yv) = lrn_at(&xs[p], g.alpha, g.beta, g.k);
-                    slide(&mut qs[p], dy * yv / sc);
-                    slide(&mut ds[p], dy);
-                    slide(&mut ss[p], sc);
-                });
-            } else {
-                unrolled::<4>(|p| {
-                    slide(&mut qs[p], 0.0);
-                    slide(&mut ds[p], 0.0);
-                    slide(&mut ss[p], 1.0);
+                    let at = wins[k].2 + plane;
+                    v[k] = unsafe { (*arg.add(at), *dz.add(at)) };
                 });
             }
-            if t >= c0 as i32 {
-                let plane = t as usize * hw;
-                unrolled::<4>(|p| {
-                    let xv = xs[p][0];
-                    let mut acc = 0.0f32;
-                    for v in &qs[p] {
-                        acc += *v;
-                    }
-                    let direct = ds[p][S / 2] * powf(ss[p][S / 2], -g.beta);
-                    let v = direct - coef * xv * acc;
-                    let masked = relu && !(xv > 0.0);
-                    if inside(p) {
-                        unsafe { *dxb.add(plane + off(p)) = if masked { 0.0 } else { v } };
-                    }
+            v
+        };
+        let mut xs = [0.0f32; S];
+        let (mut qs, mut ds, mut ss) = ([0.0f32; S], [0.0f32; S], [1.0f32; S]);
+        let start = c0 as i32 - 2 * half;
+        unrolled::<S>(|s| {
+            if s > 0 {
+                xs[s] = load_x(start + s as i32 - 1);
+            }
+        });
+        // Loads run one channel ahead of their use, so each thread keeps
+        // two steps' loads in flight (the kernel is latency-bound without).
+        let (mut next_x, mut next_w) = (load_x(start + 2 * half), load_w(start + half));
+        for t in start..c1 as i32 {
+            let (xv, wv) = (next_x, next_w);
+            (next_x, next_w) = (load_x(t + 1 + 2 * half), load_w(t + 1 + half));
+            slide(&mut xs, xv);
+            let m = t + half;
+            let (qv, dv, sv) = if m >= 0 && m < g.c as i32 {
+                // Window order; a zero term leaves the sum unchanged.
+                let mut dy = 0.0f32;
+                unrolled::<4>(|k| {
+                    let ((here, ok, _), (a, d)) = (wins[k], wv[k]);
+                    dy += if ok && a == here { d } else { 0.0 };
                 });
+                let (sc, yv) = lrn_at(&xs, g.alpha, g.beta, g.k);
+                (dy * yv / sc, dy, sc)
+            } else {
+                (0.0, 0.0, 1.0)
+            };
+            slide(&mut qs, qv);
+            slide(&mut ds, dv);
+            slide(&mut ss, sv);
+            if t >= c0 as i32 {
+                let xv = xs[0];
+                let mut acc = 0.0f32;
+                for v in &qs {
+                    acc += *v;
+                }
+                let direct = ds[S / 2] * powf(ss[S / 2], -g.beta);
+                let v = direct - coef * xv * acc;
+                let masked = relu && !(xv > 0.0);
+                unsafe { *dxb.add(t as usize * hw) = if masked { 0.0 } else { v } };
             }
         }
         it += step;

@@ -1,7 +1,7 @@
 //! Launchers for `lrn_forward` / `lrn_backward` (one thread per (n, h, w)
 //! pixel and run of `CHUNK` channels) and the fused `lrn_pool_forward`
-//! (per pooled pixel and run) / `lrn_pool_backward` (per 2×2 block of
-//! inputs and run): 256-thread blocks, 1-D grid-stride.
+//! (per pooled pixel and run) / `lrn_pool_backward` (per input pixel and
+//! run): 256-thread blocks, 1-D grid-stride.
 
 use super::{CudaBackend, check_len, grid_1d, launch};
 use crate::backend::{LrnParams, PoolGeom};
@@ -145,8 +145,7 @@ pub(super) fn lrn_pool_backward(
     check_len("lrn_pool_backward arg", arg, g.y_len())?;
     check_len("lrn_pool_backward dz", dz, g.y_len())?;
     check_len("lrn_pool_backward dx", dx, p.len())?;
-    let blocks = p.n * p.h.div_ceil(2) * p.w.div_ceil(2);
-    let items = blocks * p.c.div_ceil(CHUNK as usize);
+    let items = p.n * p.h * p.w * p.c.div_ceil(CHUNK as usize);
     let relu = relu as u32;
     launch!(be, "lrn_pool_backward", grid_1d(be, items), || format!("{s:?}");
         x, arg, dz, dx, &s, &relu)
