@@ -4,8 +4,8 @@
 //! Activations are NCHW; ReLU and dropout work in place on the previous
 //! layer's buffer (so do their gradients), every other layer writes a buffer
 //! of its own. An LRN followed by a max pool runs as one fused op each way
-//! where the backend takes the shapes (the LRN's output and scale buffers
-//! then stay unused). fc layers read the NCHW activation as `[n, C·H·W]`, which is
+//! where the backend takes the shapes (the LRN's own output, gradient and
+//! scale buffers are then one-element placeholders). fc layers read the NCHW activation as `[n, C·H·W]`, which is
 //! PyTorch's flatten order, so fc6's weights need no permutation to match.
 //! Parameters use PyTorch's layouts (conv `[out, in/groups, kh, kw]`,
 //! fc `[out, in]`).
@@ -125,7 +125,17 @@ impl<B: Backend> Model<B> {
         let mut acts = vec![be.zeros(input_len)?];
         let mut grads = vec![be.zeros(input_len)?];
         let (mut params, mut slots, mut saved) = (Vec::new(), Vec::new(), Vec::new());
-        for l in &layers {
+        // LRN layers that also do the max pool after them: their output,
+        // its gradient and their scale are never touched, so they get
+        // one-element placeholders.
+        let pool_in_lrn: Vec<bool> = (0..layers.len())
+            .map(|i| {
+                let p = layers[i].lrn_params(batch);
+                let g = layers.get(i + 1).and_then(|l| l.pool_geom(batch));
+                p.zip(g).is_some_and(|(p, g)| be.lrn_pool_fusable(&p, &g))
+            })
+            .collect();
+        for (i, l) in layers.iter().enumerate() {
             let src = acts.len() - 1;
             let in_place = matches!(
                 l.kind,
@@ -134,7 +144,11 @@ impl<B: Backend> Model<B> {
             let dst = if in_place {
                 src
             } else {
-                let len = batch * numel(&l.out_shape);
+                let len = if pool_in_lrn[i] {
+                    1
+                } else {
+                    batch * numel(&l.out_shape)
+                };
                 acts.push(be.zeros(len)?);
                 grads.push(be.zeros(len)?);
                 acts.len() - 1
@@ -175,7 +189,12 @@ impl<B: Backend> Model<B> {
                 slot.params = Some((first, first + 1));
             }
             if let LayerKind::Lrn(_) | LayerKind::MaxPool(_) = l.kind {
-                saved.push(be.zeros(batch * numel(&l.out_shape))?);
+                let len = if pool_in_lrn[i] {
+                    1
+                } else {
+                    batch * numel(&l.out_shape)
+                };
+                saved.push(be.zeros(len)?);
                 slot.saved = Some(saved.len() - 1);
             }
             slots.push(slot);
@@ -187,11 +206,7 @@ impl<B: Backend> Model<B> {
                 slots[i].relu_in_prev = matches!(prev, Some(LayerKind::Conv(_)));
                 slots[i].relu_in_next = matches!(next, Some(LayerKind::Lrn(_)));
             }
-            if let (Some(p), Some(g)) = (
-                layers[i].lrn_params(batch),
-                layers.get(i + 1).and_then(|l| l.pool_geom(batch)),
-            ) && be.lrn_pool_fusable(&p, &g)
-            {
+            if pool_in_lrn[i] {
                 slots[i].pool_in_lrn = true;
                 slots[i + 1].pool_in_prev = true;
             }
