@@ -118,6 +118,7 @@ const TESTS: &[(&str, Test)] = &[
     ("conv_backward_data", conv_backward_data),
     ("conv_backward_filter", conv_backward_filter),
     ("conv_backward_bias", conv_backward_bias),
+    ("conv_backward", conv_backward),
     ("transpose", transpose),
     ("row_patches", row_patches),
     ("fc_forward", fc_forward),
@@ -420,6 +421,47 @@ fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
             &want,
             tol,
         );
+    }
+    Ok(())
+}
+
+fn conv_backward(c: &mut Ctx) -> Result<()> {
+    each_precision_engines(c, conv_backward_in)
+}
+
+/// The combined backward (one dy relayout shared by the data and weight
+/// gradients where both take it) against the reference's three products,
+/// with and without dx (a first layer has none).
+fn conv_backward_in(c: &mut Ctx, p: Precision) -> Result<()> {
+    let (label, tol) = label_tol(c, p);
+    for (case, g) in conv_cases() {
+        let x = c.randn(g.x_len(), 1.0);
+        let (dy, w) = (c.randn(g.y_len(), 1.0), c.randn(g.w_len(), 0.1));
+        let (mut dw, mut db, mut dx) = (
+            vec![0.0; g.w_len()],
+            vec![0.0; g.c_out],
+            vec![0.0; g.x_len()],
+        );
+        c.cpu.conv_backward_filter(&g, &x, &dy, &mut dw)?;
+        c.cpu.conv_backward_bias(&g, &dy, &mut db)?;
+        c.cpu.conv_backward_data(&g, &dy, &w, &mut dx)?;
+        let (gx, gdy, gw) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
+        for with_dx in [true, false] {
+            let (mut gdw, mut gdb) = (c.gpu.poisoned(g.w_len())?, c.gpu.poisoned(g.c_out)?);
+            let mut gdx = c.gpu.poisoned(g.x_len())?;
+            let dx_arg = with_dx.then_some(&mut gdx);
+            c.gpu.conv_backward(&g, &gx, &gdy, &gw, &mut gdw, &mut gdb, dx_arg)?;
+            let what = if with_dx { "" } else { " (no dx)" };
+            let case = format!("{case}{label}{what}");
+            let got = c.gpu.download(&gdw)?;
+            c.check("conv_backward", &format!("{case} dw"), &got, &dw, tol);
+            let got = c.gpu.download(&gdb)?;
+            c.check("conv_backward", &format!("{case} db"), &got, &db, 1e-5);
+            if with_dx {
+                let got = c.gpu.download(&gdx)?;
+                c.check("conv_backward", &format!("{case} dx"), &got, &dx, tol);
+            }
+        }
     }
     Ok(())
 }

@@ -417,17 +417,15 @@ impl<B: Backend> Model<B> {
                 LayerKind::Conv(_) => {
                     let g = l.conv_geom(n).unwrap();
                     let (w, b) = s.params.unwrap();
-                    be.conv_backward_filter(
-                        &g,
-                        &self.acts[s.src],
-                        &self.grads[s.dst],
-                        &mut self.params[w].grad,
-                    )?;
-                    be.conv_backward_bias(&g, &self.grads[s.dst], &mut self.params[b].grad)?;
-                    if !first {
+                    let (pw, pb) = self.params.split_at_mut(b);
+                    let (w, db) = (&mut pw[w], &mut pb[0].grad);
+                    let (x, dy, dx) = if first {
+                        (&self.acts[s.src], &self.grads[s.dst], None)
+                    } else {
                         let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
-                        be.conv_backward_data(&g, dy, &self.params[w].value, dx)?;
-                    }
+                        (&self.acts[s.src], &*dy, Some(dx))
+                    };
+                    be.conv_backward(&g, x, dy, &w.value, &mut w.grad, db, dx)?;
                 }
                 LayerKind::Lrn(_) if s.pool_in_lrn => {
                     let p = l.lrn_params(n).unwrap();

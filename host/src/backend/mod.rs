@@ -365,6 +365,27 @@ pub trait Backend {
     ) -> Result<()>;
     /// `db[c] = Σ_{n,h,w} dy[n,c,h,w]` (overwrites `db`).
     fn conv_backward_bias(&self, g: &ConvGeom, dy: &Self::Buf, db: &mut Self::Buf) -> Result<()>;
+    /// A convolution's whole backward: `conv_backward_filter`,
+    /// `conv_backward_bias` and, when `dx` is given, `conv_backward_data`
+    /// (the GPU relays dy out once for the data and weight gradients).
+    #[allow(clippy::too_many_arguments)] // the layer's tensors and gradients
+    fn conv_backward(
+        &self,
+        g: &ConvGeom,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        w: &Self::Buf,
+        dw: &mut Self::Buf,
+        db: &mut Self::Buf,
+        dx: Option<&mut Self::Buf>,
+    ) -> Result<()> {
+        self.conv_backward_filter(g, x, dy, dw)?;
+        self.conv_backward_bias(g, dy, db)?;
+        match dx {
+            Some(dx) => self.conv_backward_data(g, dy, w, dx),
+            None => Ok(()),
+        }
+    }
 
     /// `y = x·wᵀ + b`.
     fn fc_forward(

@@ -139,27 +139,54 @@ pub(super) fn conv_backward_data(
     check_len("conv_backward_data dy", dy, g.y_len())?;
     check_len("conv_backward_data w", w, g.w_len())?;
     check_len("conv_backward_data dx", dx, g.x_len())?;
-    let what = || format!("{g:?}");
-    let (cg, fg, kk) = (g.c_in / g.groups, g.c_out / g.groups, g.k_h * g.k_w);
-    let pixels = g.n * g.h * g.w;
-    let (cfg, wide) = tiles(be, cg, pixels, g.groups);
-    let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
-    if let Some((name, half, tile)) = channels_last(be, "conv_backward_data", fits, wide) {
-        return dy_nhwc(be, g, dy, half, |dyt| {
-            relayout(
-                be,
-                Scratch::W,
-                w,
-                [g.groups, fg, cg * kk],
-                fg,
-                half,
-                |wt| launch!(be, name, vec_cfg(cfg, tile), what; &s, dyt, wt, dx),
-            )
-        });
+    if let Some(plan) = data_channels_last(be, g) {
+        return dy_nhwc(be, g, dy, plan.half, |dyt| data_from_nhwc(be, g, &s, &plan, dyt, w, dx));
     }
+    let (cg, pixels) = (g.c_in / g.groups, g.n * g.h * g.w);
     let wide = be.wide_tiles_data_grad();
     let cfg = grid(cg, pixels, g.groups, wide);
+    let what = || format!("{g:?}");
     launch!(be, be.gemm_kernel(gemm_names!("conv_backward_data"), wide), cfg, what; &s, dy, w, dx)
+}
+
+/// A vector-engine kernel chosen for a product: its name, whether it reads
+/// bf16 operand copies, and its launch shape.
+struct VecPlan {
+    name: &'static str,
+    half: bool,
+    cfg: LaunchConfig,
+}
+
+/// The channels-last data-gradient kernel for `g`, if the shape takes it.
+fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
+    let (cg, fg) = (g.c_in / g.groups, g.c_out / g.groups);
+    let (cfg, wide) = tiles(be, cg, g.n * g.h * g.w, g.groups);
+    let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
+    let (name, half, tile) = channels_last(be, "conv_backward_data", fits, wide)?;
+    Some(VecPlan {
+        name,
+        half,
+        cfg: vec_cfg(cfg, tile),
+    })
+}
+
+/// The channels-last data gradient from dy already in NHWC (`dyt`, as
+/// `plan.half` says): relays the filter bank out and launches.
+fn data_from_nhwc(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    s: &ConvShape,
+    plan: &VecPlan,
+    dyt: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    dx: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let (cg, fg, kk) = (g.c_in / g.groups, g.c_out / g.groups, g.k_h * g.k_w);
+    let what = || format!("{g:?}");
+    let dims = [g.groups, fg, cg * kk];
+    relayout(be, Scratch::W, w, dims, fg, plan.half, |wt| {
+        launch!(be, plan.name, plan.cfg, what; s, dyt, wt, dx)
+    })
 }
 
 /// The channels-last kernel for product `base`, whether it reads bf16
@@ -295,38 +322,150 @@ pub(super) fn conv_backward_filter(
     check_len("conv_backward_filter x", x, g.x_len())?;
     check_len("conv_backward_filter dy", dy, g.y_len())?;
     check_len("conv_backward_filter dw", dw, g.w_len())?;
+    match filter_plan(be, g) {
+        FilterPlan::Gemm { name, cfg, splits } => {
+            let what = || format!("{g:?} splits={splits}");
+            filter_launch(be, name, cfg, &s, x, dy, dw, splits, &what)
+        }
+        plan => dy_nhwc(be, g, dy, plan.half(), |dyt| {
+            filter_from_nhwc(be, g, &s, &plan, x, dyt, dw)
+        }),
+    }
+}
+
+/// The weight gradient's kernel for a shape: on row patches of x (conv1),
+/// channels-last, or the NCHW GEMM engine; `splits` K slices.
+enum FilterPlan {
+    Rows {
+        plan: VecPlan,
+        rw: usize,
+        splits: u32,
+    },
+    ChannelsLast {
+        plan: VecPlan,
+        splits: u32,
+    },
+    Gemm {
+        name: &'static str,
+        cfg: LaunchConfig,
+        splits: u32,
+    },
+}
+
+impl FilterPlan {
+    /// Whether its dy (NHWC) copy is bf16.
+    fn half(&self) -> bool {
+        match self {
+            FilterPlan::Rows { plan, .. } | FilterPlan::ChannelsLast { plan, .. } => plan.half,
+            FilterPlan::Gemm { .. } => false,
+        }
+    }
+}
+
+fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
     let m = g.c_out / g.groups;
     let wide = be.wide_tiles(m, None);
     let splits = filter_splits(be, g, wide);
     let n_len = (g.c_in / g.groups) * g.k_h * g.k_w;
     let cfg = grid(m, n_len, g.groups * splits as usize, wide);
-    let what = || format!("{g:?} splits={splits}");
     let cg = g.c_in / g.groups;
     let rows = row_path(be, g, "conv_backward_filter", wide)
         .filter(|&(_, half, _, _)| m.is_multiple_of(if half { 8 } else { 4 }));
     if let Some((name, half, rw, tile)) = rows {
         let cfg = vec_cfg(grid(m, g.k_h * rw, splits as usize, wide), tile);
-        return cut_rows(be, Scratch::X, x, &RowGeom::patches(g, rw), half, |p| {
-            dy_nhwc(be, g, dy, half, |dyt| {
-                filter_launch(be, name, cfg, &s, p, dyt, dw, splits, &what)
-            })
-        });
+        let plan = VecPlan { name, half, cfg };
+        return FilterPlan::Rows { plan, rw, splits };
     }
     let fits = [
         cg.is_multiple_of(4) && m.is_multiple_of(4),
         cg.is_multiple_of(8) && m.is_multiple_of(8),
     ];
     if let Some((name, half, tile)) = channels_last(be, "conv_backward_filter", fits, wide) {
-        let cfg = vec_cfg(cfg, tile);
-        let x_dims = [g.n, g.c_in, g.h * g.w];
-        return relayout(be, Scratch::X, x, x_dims, g.c_in, half, |xt| {
-            dy_nhwc(be, g, dy, half, |dyt| {
-                filter_launch(be, name, cfg, &s, xt, dyt, dw, splits, &what)
-            })
-        });
+        let plan = VecPlan {
+            name,
+            half,
+            cfg: vec_cfg(cfg, tile),
+        };
+        return FilterPlan::ChannelsLast { plan, splits };
     }
     let name = be.gemm_kernel(gemm_names!("conv_backward_filter"), wide);
-    filter_launch(be, name, cfg, &s, x, dy, dw, splits, &what)
+    FilterPlan::Gemm { name, cfg, splits }
+}
+
+/// A row-patch or channels-last weight gradient from dy already in NHWC
+/// (`dyt`): cuts or relays x out and launches.
+fn filter_from_nhwc(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    s: &ConvShape,
+    plan: &FilterPlan,
+    x: &CudaSlice<f32>,
+    dyt: &CudaSlice<f32>,
+    dw: &mut CudaSlice<f32>,
+) -> Result<()> {
+    match plan {
+        FilterPlan::Rows { plan, rw, splits } => {
+            let what = || format!("{g:?} splits={splits}");
+            let pg = RowGeom::patches(g, *rw);
+            cut_rows(be, Scratch::X, x, &pg, plan.half, |p| {
+                filter_launch(be, plan.name, plan.cfg, s, p, dyt, dw, *splits, &what)
+            })
+        }
+        FilterPlan::ChannelsLast { plan, splits } => {
+            let what = || format!("{g:?} splits={splits}");
+            let x_dims = [g.n, g.c_in, g.h * g.w];
+            relayout(be, Scratch::X, x, x_dims, g.c_in, plan.half, |xt| {
+                filter_launch(be, plan.name, plan.cfg, s, xt, dyt, dw, *splits, &what)
+            })
+        }
+        FilterPlan::Gemm { .. } => unreachable!("the GEMM engine reads dy in NCHW"),
+    }
+}
+
+/// The whole backward of a convolution: `dw`, `db` and, when given, `dx`.
+/// Where the data and weight gradients both read dy in NHWC of the same
+/// type, it is relaid out once for both (else as the separate launchers).
+#[allow(clippy::too_many_arguments)] // the layer's tensors and gradients
+pub(super) fn conv_backward(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    x: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    dw: &mut CudaSlice<f32>,
+    db: &mut CudaSlice<f32>,
+    dx: Option<&mut CudaSlice<f32>>,
+) -> Result<()> {
+    let fplan = filter_plan(be, g);
+    let dplan = match (&dx, &fplan) {
+        (Some(_), FilterPlan::Rows { .. } | FilterPlan::ChannelsLast { .. }) => {
+            data_channels_last(be, g).filter(|d| d.half == fplan.half())
+        }
+        _ => None,
+    };
+    match (dx, dplan) {
+        (Some(dx), Some(dplan)) => {
+            let s = shape(g)?;
+            check_len("conv_backward x", x, g.x_len())?;
+            check_len("conv_backward dy", dy, g.y_len())?;
+            check_len("conv_backward w", w, g.w_len())?;
+            check_len("conv_backward dw", dw, g.w_len())?;
+            check_len("conv_backward dx", dx, g.x_len())?;
+            dy_nhwc(be, g, dy, dplan.half, |dyt| {
+                data_from_nhwc(be, g, &s, &dplan, dyt, w, dx)?;
+                filter_from_nhwc(be, g, &s, &fplan, x, dyt, dw)
+            })?;
+            conv_backward_bias(be, g, dy, db)
+        }
+        (dx, _) => {
+            conv_backward_filter(be, g, x, dy, dw)?;
+            conv_backward_bias(be, g, dy, db)?;
+            match dx {
+                Some(dx) => conv_backward_data(be, g, dy, w, dx),
+                None => Ok(()),
+            }
+        }
+    }
 }
 
 /// Launches weight-gradient kernel `name` (either engine: same parameters)

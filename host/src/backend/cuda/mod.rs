@@ -724,6 +724,18 @@ impl Backend for CudaBackend {
     fn conv_backward_bias(&self, g: &ConvGeom, dy: &Self::Buf, db: &mut Self::Buf) -> Result<()> {
         conv::conv_backward_bias(self, g, dy, db)
     }
+    fn conv_backward(
+        &self,
+        g: &ConvGeom,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        w: &Self::Buf,
+        dw: &mut Self::Buf,
+        db: &mut Self::Buf,
+        dx: Option<&mut Self::Buf>,
+    ) -> Result<()> {
+        conv::conv_backward(self, g, x, dy, w, dw, db, dx)
+    }
     fn fc_forward(
         &self,
         g: &FcGeom,
