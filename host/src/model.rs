@@ -423,7 +423,7 @@ impl<B: Backend> Model<B> {
                         (&self.acts[s.src], &self.grads[s.dst], None)
                     } else {
                         let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
-                        (&self.acts[s.src], &*dy, Some(dx))
+                        (&self.acts[s.src], dy, Some(dx))
                     };
                     be.conv_backward(&g, x, dy, &w.value, &mut w.grad, db, dx)?;
                 }
