@@ -445,21 +445,46 @@ fn conv_backward_in(c: &mut Ctx, p: Precision) -> Result<()> {
         c.cpu.conv_backward_filter(&g, &x, &dy, &mut dw)?;
         c.cpu.conv_backward_bias(&g, &dy, &mut db)?;
         c.cpu.conv_backward_data(&g, &dy, &w, &mut dx)?;
-        let (gx, gdy, gw) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
-        for with_dx in [true, false] {
+        // x as a ReLU output (about half zeros) for the masked variant.
+        let relu_x: Vec<f32> = x.iter().map(|v| v.max(0.0)).collect();
+        let mut dw_relu = vec![0.0; g.w_len()];
+        c.cpu.conv_backward_filter(&g, &relu_x, &dy, &mut dw_relu)?;
+        let dx_relu: Vec<f32> = dx
+            .iter()
+            .zip(&relu_x)
+            .map(|(d, x)| if *x > 0.0 { *d } else { 0.0 })
+            .collect();
+        let (gdy, gw) = (c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
+        for (with_dx, relu) in [(true, false), (false, false), (true, true)] {
+            let (dw, dx) = if relu { (&dw_relu, &dx_relu) } else { (&dw, &dx) };
+            let gx = c.gpu.upload(if relu { &relu_x } else { &x })?;
             let (mut gdw, mut gdb) = (c.gpu.poisoned(g.w_len())?, c.gpu.poisoned(g.c_out)?);
             let mut gdx = c.gpu.poisoned(g.x_len())?;
             let dx_arg = with_dx.then_some(&mut gdx);
-            c.gpu.conv_backward(&g, &gx, &gdy, &gw, &mut gdw, &mut gdb, dx_arg)?;
-            let what = if with_dx { "" } else { " (no dx)" };
+            c.gpu.conv_backward(&g, &gx, &gdy, &gw, &mut gdw, &mut gdb, dx_arg, relu)?;
+            let what = match (with_dx, relu) {
+                (false, _) => " (no dx)",
+                (true, true) => " +relu",
+                (true, false) => "",
+            };
             let case = format!("{case}{label}{what}");
             let got = c.gpu.download(&gdw)?;
-            c.check("conv_backward", &format!("{case} dw"), &got, &dw, tol);
+            c.check("conv_backward", &format!("{case} dw"), &got, dw, tol);
             let got = c.gpu.download(&gdb)?;
             c.check("conv_backward", &format!("{case} db"), &got, &db, 1e-5);
             if with_dx {
                 let got = c.gpu.download(&gdx)?;
-                c.check("conv_backward", &format!("{case} dx"), &got, &dx, tol);
+                c.check("conv_backward", &format!("{case} dx"), &got, dx, tol);
+            }
+            if relu {
+                let got = c.gpu.download(&gdx)?;
+                let leaks = got
+                    .iter()
+                    .zip(&relu_x)
+                    .filter(|(g, x)| **x <= 0.0 && **g != 0.0)
+                    .count();
+                let case = format!("{case} mask");
+                c.check("conv_backward", &case, &[leaks as f32], &[0.0], 0.0);
             }
         }
     }

@@ -37,7 +37,8 @@ pub struct ConvShape {
     pub groups: u32,
     pub oh: u32,
     pub ow: u32,
-    /// Forward only: nonzero to apply ReLU in the epilogue (`max(0, ·)`).
+    /// Forward: nonzero to apply ReLU in the epilogue (`max(0, ·)`). Data
+    /// gradient: nonzero to apply the backward of the ReLU whose output x is.
     pub relu: u32,
 }
 
@@ -377,9 +378,12 @@ impl Operand for GradPatches {
     }
 }
 
-/// Stores dx[n, g·Cg+c, ih, iw].
+/// Stores dx[n, g·Cg+c, ih, iw]; with `s.relu` set, 0 where `mask` (x, the
+/// output of the ReLU before the convolution, NCHW) is ≤ 0: that ReLU's
+/// backward, so it needs no pass of its own.
 struct StoreInputGrad {
     dx: *mut f32,
+    mask: *const f32,
     s: ConvShape,
     g: u32,
 }
@@ -391,7 +395,13 @@ impl Epilogue for StoreInputGrad {
         let hw = s.h * s.w;
         let (img, p) = (n / hw, n % hw);
         let ch = (img * s.c_in + self.g * s.cg() + m) as usize;
-        unsafe { *self.dx.add(ch * hw as usize + p as usize) = acc };
+        let at = ch * hw as usize + p as usize;
+        let v = if s.relu != 0 && !(unsafe { *self.mask.add(at) } > 0.0) {
+            0.0
+        } else {
+            acc
+        };
+        unsafe { *self.dx.add(at) = v };
     }
 }
 
@@ -402,6 +412,7 @@ unsafe fn conv_backward_data_impl<const MODE: u8, const WIDE: bool>(
     dy: *const f32,
     w: *const f32,
     dx: *mut f32,
+    mask: *const f32,
 ) {
     let g = bid_z();
     let k_len = s.fg() * s.kk();
@@ -416,11 +427,11 @@ unsafe fn conv_backward_data_impl<const MODE: u8, const WIDE: bool>(
         g,
         step: Step::new(s.kh, s.kw),
     };
-    let e = StoreInputGrad { dx, s, g };
+    let e = StoreInputGrad { dx, mask, s, g };
     unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, s.cg(), s.n * s.h * s.w, 0, k_len) };
 }
 
-gemm_kernels!(conv_backward_data_impl (s: ConvShape, dy: *const f32, w: *const f32, dx: *mut f32) =>
+gemm_kernels!(conv_backward_data_impl (s: ConvShape, dy: *const f32, w: *const f32, dx: *mut f32, mask: *const f32) =>
     conv_backward_data: FP32, false; conv_backward_data_tf32: TF32, false; conv_backward_data_bf16: BF16, false; conv_backward_data_wide: FP32, true; conv_backward_data_tf32_wide: TF32, true; conv_backward_data_bf16_wide: BF16, true);
 
 /// dy viewed as A(f, (n,oh,ow)) for one group.
@@ -881,6 +892,7 @@ unsafe fn conv_backward_data_nhwc_any<const MODE: u8, const T: u8, const H: bool
     dy: *const f32,
     wt: *const f32,
     dx: *mut f32,
+    mask: *const f32,
 ) {
     let g = bid_z();
     let k_len = s.fg() * s.kk();
@@ -890,7 +902,7 @@ unsafe fn conv_backward_data_nhwc_any<const MODE: u8, const T: u8, const H: bool
         is: k_len as usize,
     };
     let b = NhwcGradPatches::<H> { dy, s, g };
-    let e = StoreInputGrad { dx, s, g };
+    let e = StoreInputGrad { dx, mask, s, g };
     let n = s.n * s.h * s.w;
     unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, s.cg(), n, 0, k_len) };
 }
@@ -900,8 +912,9 @@ unsafe fn conv_backward_data_nhwc_impl<const MODE: u8, const T: u8>(
     dy: *const f32,
     wt: *const f32,
     dx: *mut f32,
+    mask: *const f32,
 ) {
-    unsafe { conv_backward_data_nhwc_any::<MODE, T, false>(s, dy, wt, dx) }
+    unsafe { conv_backward_data_nhwc_any::<MODE, T, false>(s, dy, wt, dx, mask) }
 }
 
 unsafe fn conv_backward_data_nhwc16_impl<const MODE: u8, const T: u8>(
@@ -909,13 +922,14 @@ unsafe fn conv_backward_data_nhwc16_impl<const MODE: u8, const T: u8>(
     dy: *const f32,
     wt: *const f32,
     dx: *mut f32,
+    mask: *const f32,
 ) {
-    unsafe { conv_backward_data_nhwc_any::<MODE, T, true>(s, dy, wt, dx) }
+    unsafe { conv_backward_data_nhwc_any::<MODE, T, true>(s, dy, wt, dx, mask) }
 }
 
-gemm_kernels!(conv_backward_data_nhwc_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32) =>
+gemm_kernels!(conv_backward_data_nhwc_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
     conv_backward_data_nhwc_tf32: TF32, 0; conv_backward_data_nhwc_bf16: BF16, 0; conv_backward_data_nhwc_tf32_wide: TF32, 1; conv_backward_data_nhwc_bf16_wide: BF16, 1);
-gemm_kernels!(conv_backward_data_nhwc16_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32) =>
+gemm_kernels!(conv_backward_data_nhwc16_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
     conv_backward_data_nhwc16_bf16: BF16, 0; conv_backward_data_nhwc16_bf16_big: BF16, 2);
 
 /// x (NHWC, fp32 or bf16 when `H`) gathered as B((n,oh,ow), (kh,kw,c)) for

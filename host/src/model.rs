@@ -39,7 +39,8 @@ struct Slot {
     /// activations: LRN's scale, max pooling's argmax offsets.
     saved: Option<usize>,
     /// A ReLU layer whose forward pass the conv layer before it does (in its
-    /// epilogue), and whose backward pass the LRN layer after it does.
+    /// epilogue), and whose backward pass the LRN or conv layer after it
+    /// does (LRN in its pass, conv in its data gradient's epilogue).
     relu_in_prev: bool,
     relu_in_next: bool,
     /// An LRN layer that also does the max pool after it, both ways
@@ -204,7 +205,7 @@ impl<B: Backend> Model<B> {
                 let prev = i.checked_sub(1).map(|p| &layers[p].kind);
                 let next = layers.get(i + 1).map(|l| &l.kind);
                 slots[i].relu_in_prev = matches!(prev, Some(LayerKind::Conv(_)));
-                slots[i].relu_in_next = matches!(next, Some(LayerKind::Lrn(_)));
+                slots[i].relu_in_next = matches!(next, Some(LayerKind::Lrn(_) | LayerKind::Conv(_)));
             }
             if pool_in_lrn[i] {
                 slots[i].pool_in_lrn = true;
@@ -425,7 +426,8 @@ impl<B: Backend> Model<B> {
                         let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
                         (&self.acts[s.src], dy, Some(dx))
                     };
-                    be.conv_backward(&g, x, dy, &w.value, &mut w.grad, db, dx)?;
+                    let relu = i > 0 && self.slots[i - 1].relu_in_next;
+                    be.conv_backward(&g, x, dy, &w.value, &mut w.grad, db, dx, relu)?;
                 }
                 LayerKind::Lrn(_) if s.pool_in_lrn => {
                     let p = l.lrn_params(n).unwrap();

@@ -366,8 +366,10 @@ pub trait Backend {
     /// `db[c] = Σ_{n,h,w} dy[n,c,h,w]` (overwrites `db`).
     fn conv_backward_bias(&self, g: &ConvGeom, dy: &Self::Buf, db: &mut Self::Buf) -> Result<()>;
     /// A convolution's whole backward: `conv_backward_filter`,
-    /// `conv_backward_bias` and, when `dx` is given, `conv_backward_data`
-    /// (the GPU relays dy out once for the data and weight gradients).
+    /// `conv_backward_bias` and, when `dx` is given, `conv_backward_data`,
+    /// with `relu` followed by the backward of the ReLU whose output `x` is
+    /// (`dx = 0` where `x ≤ 0`). The GPU relays dy out once for the data
+    /// and weight gradients and masks dx in the data gradient's epilogue.
     #[allow(clippy::too_many_arguments)] // the layer's tensors and gradients
     fn conv_backward(
         &self,
@@ -378,13 +380,16 @@ pub trait Backend {
         dw: &mut Self::Buf,
         db: &mut Self::Buf,
         dx: Option<&mut Self::Buf>,
+        relu: bool,
     ) -> Result<()> {
         self.conv_backward_filter(g, x, dy, dw)?;
         self.conv_backward_bias(g, dy, db)?;
-        match dx {
-            Some(dx) => self.conv_backward_data(g, dy, w, dx),
-            None => Ok(()),
+        let Some(dx) = dx else { return Ok(()) };
+        self.conv_backward_data(g, dy, w, dx)?;
+        if relu {
+            self.relu_backward(x, dx)?;
         }
+        Ok(())
     }
 
     /// `y = x·wᵀ + b`.

@@ -128,25 +128,44 @@ pub(super) fn conv_forward(
     launch!(be, be.gemm_kernel(gemm_names!("conv_forward"), wide), cfg, what; &s, x, w, bias, y)
 }
 
+/// `dx` from `dy`; with `relu_of` = x (the output of the ReLU before the
+/// convolution), also that ReLU's backward (`dx = 0` where x ≤ 0), in the
+/// same epilogue.
 pub(super) fn conv_backward_data(
     be: &CudaBackend,
     g: &ConvGeom,
     dy: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
     dx: &mut CudaSlice<f32>,
+    relu_of: Option<&CudaSlice<f32>>,
 ) -> Result<()> {
-    let s = shape(g)?;
+    let s = data_shape(g, relu_of)?;
     check_len("conv_backward_data dy", dy, g.y_len())?;
     check_len("conv_backward_data w", w, g.w_len())?;
     check_len("conv_backward_data dx", dx, g.x_len())?;
+    let mask = relu_of.unwrap_or(dy);
     if let Some(plan) = data_channels_last(be, g) {
-        return dy_nhwc(be, g, dy, plan.half, |dyt| data_from_nhwc(be, g, &s, &plan, dyt, w, dx));
+        return dy_nhwc(be, g, dy, plan.half, |dyt| {
+            data_from_nhwc(be, g, &s, &plan, dyt, w, dx, mask)
+        });
     }
     let (cg, pixels) = (g.c_in / g.groups, g.n * g.h * g.w);
     let wide = be.wide_tiles_data_grad();
     let cfg = grid(cg, pixels, g.groups, wide);
     let what = || format!("{g:?}");
-    launch!(be, be.gemm_kernel(gemm_names!("conv_backward_data"), wide), cfg, what; &s, dy, w, dx)
+    launch!(be, be.gemm_kernel(gemm_names!("conv_backward_data"), wide), cfg, what; &s, dy, w, dx, mask)
+}
+
+/// The data gradient's shape: `relu` set when it also does the ReLU's
+/// backward (its mask x checked to be x-sized).
+fn data_shape(g: &ConvGeom, relu_of: Option<&CudaSlice<f32>>) -> Result<ConvShape> {
+    if let Some(x) = relu_of {
+        check_len("conv_backward_data relu mask", x, g.x_len())?;
+    }
+    Ok(ConvShape {
+        relu: relu_of.is_some() as u32,
+        ..shape(g)?
+    })
 }
 
 /// A vector-engine kernel chosen for a product: its name, whether it reads
@@ -171,7 +190,9 @@ fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
 }
 
 /// The channels-last data gradient from dy already in NHWC (`dyt`, as
-/// `plan.half` says): relays the filter bank out and launches.
+/// `plan.half` says): relays the filter bank out and launches (`mask` is
+/// read only where `s.relu` says).
+#[allow(clippy::too_many_arguments)] // the product's operands and plan
 fn data_from_nhwc(
     be: &CudaBackend,
     g: &ConvGeom,
@@ -180,12 +201,13 @@ fn data_from_nhwc(
     dyt: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
     dx: &mut CudaSlice<f32>,
+    mask: &CudaSlice<f32>,
 ) -> Result<()> {
     let (cg, fg, kk) = (g.c_in / g.groups, g.c_out / g.groups, g.k_h * g.k_w);
     let what = || format!("{g:?}");
     let dims = [g.groups, fg, cg * kk];
     relayout(be, Scratch::W, w, dims, fg, plan.half, |wt| {
-        launch!(be, plan.name, plan.cfg, what; s, dyt, wt, dx)
+        launch!(be, plan.name, plan.cfg, what; s, dyt, wt, dx, mask)
     })
 }
 
@@ -422,7 +444,8 @@ fn filter_from_nhwc(
     }
 }
 
-/// The whole backward of a convolution: `dw`, `db` and, when given, `dx`.
+/// The whole backward of a convolution: `dw`, `db` and, when given, `dx`
+/// (with `relu`, through the backward of the ReLU whose output x is).
 /// Where the data and weight gradients both read dy in NHWC of the same
 /// type, it is relaid out once for both (else as the separate launchers).
 #[allow(clippy::too_many_arguments)] // the layer's tensors and gradients
@@ -435,7 +458,9 @@ pub(super) fn conv_backward(
     dw: &mut CudaSlice<f32>,
     db: &mut CudaSlice<f32>,
     dx: Option<&mut CudaSlice<f32>>,
+    relu: bool,
 ) -> Result<()> {
+    let relu_of = relu.then_some(x);
     let fplan = filter_plan(be, g);
     let dplan = match (&dx, &fplan) {
         (Some(_), FilterPlan::Rows { .. } | FilterPlan::ChannelsLast { .. }) => {
@@ -445,15 +470,15 @@ pub(super) fn conv_backward(
     };
     match (dx, dplan) {
         (Some(dx), Some(dplan)) => {
-            let s = shape(g)?;
+            let s = data_shape(g, relu_of)?;
             check_len("conv_backward x", x, g.x_len())?;
             check_len("conv_backward dy", dy, g.y_len())?;
             check_len("conv_backward w", w, g.w_len())?;
             check_len("conv_backward dw", dw, g.w_len())?;
             check_len("conv_backward dx", dx, g.x_len())?;
             dy_nhwc(be, g, dy, dplan.half, |dyt| {
-                data_from_nhwc(be, g, &s, &dplan, dyt, w, dx)?;
-                filter_from_nhwc(be, g, &s, &fplan, x, dyt, dw)
+                data_from_nhwc(be, g, &s, &dplan, dyt, w, dx, x)?;
+                filter_from_nhwc(be, g, &shape(g)?, &fplan, x, dyt, dw)
             })?;
             conv_backward_bias(be, g, dy, db)
         }
@@ -461,7 +486,7 @@ pub(super) fn conv_backward(
             conv_backward_filter(be, g, x, dy, dw)?;
             conv_backward_bias(be, g, dy, db)?;
             match dx {
-                Some(dx) => conv_backward_data(be, g, dy, w, dx),
+                Some(dx) => conv_backward_data(be, g, dy, w, dx, relu_of),
                 None => Ok(()),
             }
         }

@@ -710,7 +710,7 @@ impl Backend for CudaBackend {
         w: &Self::Buf,
         dx: &mut Self::Buf,
     ) -> Result<()> {
-        conv::conv_backward_data(self, g, dy, w, dx)
+        conv::conv_backward_data(self, g, dy, w, dx, None)
     }
     fn conv_backward_filter(
         &self,
@@ -733,8 +733,9 @@ impl Backend for CudaBackend {
         dw: &mut Self::Buf,
         db: &mut Self::Buf,
         dx: Option<&mut Self::Buf>,
+        relu: bool,
     ) -> Result<()> {
-        conv::conv_backward(self, g, x, dy, w, dw, db, dx)
+        conv::conv_backward(self, g, x, dy, w, dw, db, dx, relu)
     }
     fn fc_forward(
         &self,
