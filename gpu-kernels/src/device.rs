@@ -87,6 +87,14 @@ pub fn ln(x: f32) -> f32 {
     lg2(x) * core::f32::consts::LN_2
 }
 
+/// 1/x (PTX `rcp.approx.ftz.f32`, max rel. error ~2^-23).
+#[inline(always)]
+pub fn rcp(x: f32) -> f32 {
+    let y: f32;
+    unsafe { asm!("rcp.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x) };
+    y
+}
+
 /// x^p for x > 0.
 #[inline(always)]
 pub fn powf(x: f32, p: f32) -> f32 {

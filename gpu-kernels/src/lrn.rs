@@ -23,7 +23,7 @@
 //! and writes dx. Neither y, scale nor the pool's input gradient touches
 //! memory (about 3 of 4.5 and 5 of 7.5 plane-sized passes saved).
 
-use crate::device::{fma, grid_stride, powf, unrolled};
+use crate::device::{fma, grid_stride, powf, rcp, unrolled};
 
 /// Item `item` of the grid: the offset of its pixel's channel 0 and its
 /// channel run `[c0, c1)`.
@@ -124,12 +124,19 @@ fn slide<const S: usize>(w: &mut [f32; S], v: f32) {
 /// squares in channel order, as every LRN kernel forms it).
 #[inline(always)]
 fn lrn_at<const S: usize>(xs: &[f32; S], alpha: f32, beta: f32, k: f32) -> (f32, f32) {
+    let (sc, r) = lrn_scale(xs, alpha, beta, k);
+    (sc, xs[S / 2] * r)
+}
+
+/// `(scale, scale^(−β))` of the channel at the centre of window `xs`.
+#[inline(always)]
+fn lrn_scale<const S: usize>(xs: &[f32; S], alpha: f32, beta: f32, k: f32) -> (f32, f32) {
     let mut sum = 0.0f32;
     for v in xs {
         sum = fma(*v, *v, sum);
     }
     let sc = fma(alpha, sum, k);
-    (sc, xs[S / 2] * powf(sc, -beta))
+    (sc, powf(sc, -beta))
 }
 
 /// As [`forward_sliding`] for any window size, re-reading the window.
@@ -493,9 +500,6 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize>(
                 0.0
             }
         };
-        // x over channels [t, t + S − 1] and, for channels
-        // [t − ⌊S/2⌋, t + ⌊S/2⌋] (those whose window holds t), dy·y/scale,
-        // dy and scale (0, 0, 1 outside the channels).
         // The windows' (arg, dz) in channel `m` (unused outside the
         // channels).
         let load_w = |m: i32| {
@@ -509,8 +513,11 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize>(
             }
             v
         };
+        // x over channels [t, t + S − 1] and, for channels
+        // [t − ⌊S/2⌋, t + ⌊S/2⌋] (those whose window holds t), dy·y/scale
+        // and dy·scale^(−β) (both 0 outside the channels).
         let mut xs = [0.0f32; S];
-        let (mut qs, mut ds, mut ss) = ([0.0f32; S], [0.0f32; S], [1.0f32; S]);
+        let (mut qs, mut ds) = ([0.0f32; S], [0.0f32; S]);
         let start = c0 as i32 - 2 * half;
         unrolled::<S>(|s| {
             if s > 0 {
@@ -525,29 +532,28 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize>(
             (next_x, next_w) = (load_x(t + 1 + 2 * half), load_w(t + 1 + half));
             slide(&mut xs, xv);
             let m = t + half;
-            let (qv, dv, sv) = if m >= 0 && m < g.c as i32 {
+            let (qv, dv) = if m >= 0 && m < g.c as i32 {
                 // Window order; a zero term leaves the sum unchanged.
                 let mut dy = 0.0f32;
                 unrolled::<4>(|k| {
                     let ((here, ok, _), (a, d)) = (wins[k], wv[k]);
                     dy += if ok && a == here { d } else { 0.0 };
                 });
-                let (sc, yv) = lrn_at(&xs, g.alpha, g.beta, g.k);
-                (dy * yv / sc, dy, sc)
+                let (sc, r) = lrn_scale(&xs, g.alpha, g.beta, g.k);
+                let dr = dy * r;
+                (dr * xs[S / 2] * rcp(sc), dr)
             } else {
-                (0.0, 0.0, 1.0)
+                (0.0, 0.0)
             };
             slide(&mut qs, qv);
             slide(&mut ds, dv);
-            slide(&mut ss, sv);
             if t >= c0 as i32 {
                 let xv = xs[0];
                 let mut acc = 0.0f32;
                 for v in &qs {
                     acc += *v;
                 }
-                let direct = ds[S / 2] * powf(ss[S / 2], -g.beta);
-                let v = direct - coef * xv * acc;
+                let v = ds[S / 2] - coef * xv * acc;
                 let masked = relu && !(xv > 0.0);
                 unsafe { *dxb.add(t as usize * hw) = if masked { 0.0 } else { v } };
             }

@@ -18,7 +18,7 @@
 //! that contain it. (A thread per `stride × stride` block of inputs, sharing
 //! the window loads, had measured 2× slower: its strided stores.)
 
-use crate::device::{bdim_x, bid_x, bid_y, gdim_y, tid_x};
+use crate::device::{bdim_x, bid_x, bid_y, gdim_y, tid_x, unrolled};
 
 /// This thread's element in a plane of `len`, its first plane and the
 /// plane stride; `None` past the plane's end.
@@ -150,12 +150,13 @@ unsafe fn backward_pairs(arg: *const f32, dy: *const f32, dx: *mut f32, g: &Back
     while plane < g.planes {
         let off = plane as usize * (g.oh * g.ow) as usize;
         let (dyp, argp) = unsafe { (dy.add(off), arg.add(off)) };
-        let vals = wins.map(|(_, _, at)| unsafe { (*argp.add(at), *dyp.add(at)) });
         // A zero term leaves the sum unchanged: the sum in window order.
         let mut acc = 0.0f32;
-        for ((here, ok, _), (a, d)) in wins.iter().zip(vals) {
-            acc += if *ok && a == *here { d } else { 0.0 };
-        }
+        unrolled::<4>(|k| {
+            let (here, ok, at) = wins[k];
+            let (a, d) = unsafe { (*argp.add(at), *dyp.add(at)) };
+            acc += if ok && a == here { d } else { 0.0 };
+        });
         unsafe { *dx.add(plane as usize * (g.h * g.w) as usize + q as usize) = acc };
         plane += step;
     }
