@@ -11,14 +11,14 @@
 //!
 //! Mapping: 256-thread blocks over a plane's work items along grid x, grid y
 //! over the N·C planes (striding when there are more than the grid holds);
-//! 32-bit index math only. Forward: one thread per output element.
-//! Backward: one thread per input element (consecutive threads, consecutive
-//! inputs: coalesced stores); where size ≤ 2·stride (AlexNet's 3/2) it
-//! checks the ≤ 4 windows that can hold it, else it loops over the windows
-//! that contain it. (A thread per `stride × stride` block of inputs, sharing
-//! the window loads, had measured 2× slower: its strided stores.)
+//! 32-bit index math only. Forward: one thread per output element. Backward,
+//! where size ≤ 2·stride (AlexNet's 3/2): one thread per `stride × stride`
+//! block of inputs (⌈h/stride⌉·⌈w/stride⌉ per plane); every window meeting
+//! block (a, b) is one of (a−1 | a, b−1 | b), so the thread loads those ≤ 4
+//! windows' `arg` and `dy` once and writes all its inputs. Larger windows:
+//! one thread per input element, looping over the windows that contain it.
 
-use crate::device::{bdim_x, bid_x, bid_y, gdim_y, tid_x, unrolled};
+use crate::device::{bdim_x, bid_x, bid_y, gdim_y, tid_x};
 
 /// This thread's element in a plane of `len`, its first plane and the
 /// plane stride; `None` past the plane's end.
@@ -73,7 +73,8 @@ pub unsafe extern "ptx-kernel" fn maxpool_forward(
 
 /// Max pool backward: `dx[n,c,ih,iw] = Σ dy[n,c,oh,ow]` over the windows whose
 /// saved first maximum is (ih, iw), in window order; every element of `dx` is
-/// written. Launch h·w threads per plane (see the module doc).
+/// written. Launch ⌈h/stride⌉·⌈w/stride⌉ threads per plane when
+/// `size <= 2·stride`, else h·w (see the module doc).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn maxpool_backward(
     arg: *const f32,
@@ -98,7 +99,7 @@ pub unsafe extern "ptx-kernel" fn maxpool_backward(
     };
     unsafe {
         if size <= 2 * stride {
-            backward_pairs(arg, dy, dx, &g)
+            backward_blocked(arg, dy, dx, &g)
         } else {
             backward_per_input(arg, dy, dx, &g)
         }
@@ -117,47 +118,81 @@ struct BackGeom {
     ow: u32,
 }
 
-/// `size ≤ 2·stride`: one thread per input element (ih, iw); it lies in
-/// window rows r with `r·stride ≤ ih < r·stride + size`, i.e. r ∈
-/// {ih/stride − 1, ih/stride}, and likewise columns, so the thread loads
-/// those ≤ 4 windows' `arg` and `dy` (neighbours share them through L1) and
-/// adds, in window order, the `dy` of those whose `arg` is its offset.
+/// `size ≤ 2·stride`: this thread owns the inputs `(stride·a + i, stride·b + j)`,
+/// i, j < stride (clipped to the plane). An input in row `ih` lies in window
+/// rows r with `r·stride ≤ ih < r·stride + size`, i.e. r ∈ {a − 1, a}; likewise
+/// for columns. Each of those ≤ 4 windows names one input, so the thread
+/// turns each window's `arg` into a block-local key `i·stride + j` (`NONE`
+/// when it points outside the block or the window does not exist) and sums,
+/// per input, the `dy` of the windows whose key matches.
 #[inline(always)]
-unsafe fn backward_pairs(arg: *const f32, dy: *const f32, dx: *mut f32, g: &BackGeom) {
+unsafe fn backward_blocked(arg: *const f32, dy: *const f32, dx: *mut f32, g: &BackGeom) {
+    const NONE: u32 = u32::MAX;
     let s = g.stride;
     // Never taken (the host checks the geometry); it lets LLVM drop the
     // division-by-zero panics below.
     if s == 0 || g.size == 0 {
         return;
     }
-    let Some((q, mut plane, step)) = place(g.h * g.w) else {
+    let bw = g.w.div_ceil(s);
+    let Some((q, mut plane, step)) = place(g.h.div_ceil(s) * bw) else {
         return;
     };
-    let (ih, iw) = (q / g.w, q % g.w);
-    // Candidate window k = (row ih/s − 1 + k/2, column iw/s − 1 + k%2)
-    // (wrapping below 0): this input's offset in it, whether it exists and
-    // holds the input, and its in-bounds index to load either way (so all
-    // eight loads issue back to back without branches).
-    let win = |k: u32| {
-        let r = (ih / s + k / 2).wrapping_sub(1);
-        let c = (iw / s + k % 2).wrapping_sub(1);
-        let (dr, dc) = (ih.wrapping_sub(r * s), iw.wrapping_sub(c * s));
-        let ok = (r < g.oh) & (c < g.ow) & (dr < g.size) & (dc < g.size);
-        let at = r.min(g.oh - 1) * g.ow + c.min(g.ow - 1);
-        ((dr * g.size + dc) as f32, ok, at as usize)
-    };
-    let wins = [win(0), win(1), win(2), win(3)];
+    let (a, b) = (q / bw, q % bw);
+    let (ih0, iw0) = (a * s, b * s);
+    // Owned rows and columns, clipped at the plane's bottom and right edges.
+    let (rows, cols) = ((g.h - ih0).min(s), (g.w - iw0).min(s));
+    // Candidate window rows and columns in window order (a − 1 wraps to
+    // u32::MAX when a = 0), whether each exists, and the in-bounds row/column
+    // to load instead (a missing window's values are loaded but ignored, so
+    // all eight loads issue back to back without branches).
+    let (rs, cs) = ([a.wrapping_sub(1), a], [b.wrapping_sub(1), b]);
+    let (r_ok, c_ok) = (rs.map(|r| r < g.oh), cs.map(|c| c < g.ow));
+    let (rl, cl) = (rs.map(|r| r.min(g.oh - 1)), cs.map(|c| c.min(g.ow - 1)));
     while plane < g.planes {
         let off = plane as usize * (g.oh * g.ow) as usize;
         let (dyp, argp) = unsafe { (dy.add(off), arg.add(off)) };
-        // A zero term leaves the sum unchanged: the sum in window order.
-        let mut acc = 0.0f32;
-        unrolled::<4>(|k| {
-            let (here, ok, at) = wins[k];
-            let (a, d) = unsafe { (*argp.add(at), *dyp.add(at)) };
-            acc += if ok && a == here { d } else { 0.0 };
-        });
-        unsafe { *dx.add(plane as usize * (g.h * g.w) as usize + q as usize) = acc };
+        let load = |u: usize, v: usize| {
+            let o = (rl[u] * g.ow + cl[v]) as usize;
+            unsafe { (*argp.add(o), *dyp.add(o)) }
+        };
+        let wins = [load(0, 0), load(0, 1), load(1, 0), load(1, 1)];
+        // Window (rs[u], cs[v])'s block-local key and dy.
+        let key = |u: usize, v: usize| -> (u32, f32) {
+            let (at, d) = wins[2 * u + v];
+            // `at` is an exact small integer (the forward pass wrote it).
+            let at = unsafe { at.to_int_unchecked::<u32>() };
+            let (p, pq) = (at / g.size, at % g.size);
+            // Block-local row and column of the window's maximum: window row
+            // a − 1 + u starts (u − 1)·stride from the block's first row
+            // (wrapping: above or left of the block gives a huge value).
+            let i = (p + u as u32 * s).wrapping_sub(s);
+            let j = (pq + v as u32 * s).wrapping_sub(s);
+            // `&`, not `&&`: a short circuit would let LLVM sink the loads
+            // back under branches.
+            if r_ok[u] & c_ok[v] & (i < s) & (j < s) {
+                (i * s + j, d)
+            } else {
+                (NONE, 0.0)
+            }
+        };
+        // Window order: (a−1, b−1), (a−1, b), (a, b−1), (a, b).
+        let (k0, d0) = key(0, 0);
+        let (k1, d1) = key(0, 1);
+        let (k2, d2) = key(1, 0);
+        let (k3, d3) = key(1, 1);
+        let pick = |k: u32, kw: u32, d: f32| if k == kw { d } else { 0.0 };
+        let dxp = unsafe { dx.add(plane as usize * (g.h * g.w) as usize) };
+        for i in 0..rows {
+            let row = unsafe { dxp.add(((ih0 + i) * g.w + iw0) as usize) };
+            for j in 0..cols {
+                let k = i * s + j;
+                // A zero term leaves the sum unchanged, so this is the sum in
+                // window order over the windows routed here.
+                let acc = pick(k0, k, d0) + pick(k1, k, d1) + pick(k2, k, d2) + pick(k3, k, d3);
+                unsafe { *row.add(j as usize) = acc };
+            }
+        }
         plane += step;
     }
 }

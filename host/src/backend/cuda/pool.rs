@@ -1,7 +1,8 @@
 //! Launchers for `maxpool_forward` (one thread per output; also saves each
 //! window's argmax offset) and `maxpool_backward` (routing `dy` by the saved
-//! offsets; one thread per input): 256-thread blocks over a plane, planes
-//! along grid y.
+//! offsets; one thread per `stride × stride` block of inputs when
+//! size ≤ 2·stride, else one per input): 256-thread blocks over a plane,
+//! planes along grid y.
 
 use super::{CudaBackend, check_len, launch};
 use crate::backend::PoolGeom;
@@ -56,6 +57,12 @@ pub(super) fn maxpool_backward(
     check_len("maxpool_backward dy", dy, g.y_len())?;
     check_len("maxpool_backward dx", dx, g.x_len())?;
     let [planes, h, w, size, stride, oh, ow] = dims(g);
-    launch!(be, "maxpool_backward", plane_grid(g.h * g.w, g.n * g.c), || format!("{g:?}");
+    // Threads per plane: the kernel picks its mapping by the same test.
+    let per_plane = if g.size <= 2 * g.stride {
+        g.h.div_ceil(g.stride) * g.w.div_ceil(g.stride)
+    } else {
+        g.h * g.w
+    };
+    launch!(be, "maxpool_backward", plane_grid(per_plane, g.n * g.c), || format!("{g:?}");
         arg, dy, dx, &planes, &h, &w, &size, &stride, &oh, &ow)
 }
