@@ -288,6 +288,12 @@ fn main() -> Result<()> {
         }
     }
 
+    let w6 = rand_buf(&b.be, 4096 * 9216, 270)?;
+    let mut w6h = b.be.zeros(4096 * 9216 / 2)?;
+    b.run("convert_bf16", "fc6 w 4096x9216", 0.0, 6.0 * (4096 * 9216) as f64, |be| {
+        be.convert_bf16(&w6, &mut w6h)
+    })?;
+
     for (name, c, hw) in [("lrn1 96x55x55", 96, 55), ("lrn2 256x27x27", 256, 27)] {
         let p = LrnParams {
             n,

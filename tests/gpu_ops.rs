@@ -121,6 +121,7 @@ const TESTS: &[(&str, Test)] = &[
     ("conv_backward", conv_backward),
     ("transpose", transpose),
     ("row_patches", row_patches),
+    ("convert_bf16", convert_bf16),
     ("fc_forward", fc_forward),
     ("fc_backward_data", fc_backward_data),
     ("fc_backward_filter", fc_backward_filter),
@@ -684,6 +685,35 @@ fn row_patches(c: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
+/// bf16 rounding of flat arrays (the fc operand copies): odd lengths (a
+/// partial last group of 8), values of every magnitude and sign, ties;
+/// bit-identical to the CPU twin.
+fn convert_bf16(c: &mut Ctx) -> Result<()> {
+    for len in [1usize, 7, 8, 13, 1003, 4096 * 37 + 5] {
+        let mut src = c.randn(len, 3.0);
+        for (i, v) in src.iter_mut().enumerate() {
+            *v *= [1.0, 1e-30, 1e30, -7.5][i % 4];
+        }
+        // An exact tie (round to even) and its neighbour.
+        src[0] = f32::from_bits(0x3f80_8000);
+        let want = host::backend::cpu::layout::convert_bf16(&src);
+        let gsrc = c.gpu.upload(&src)?;
+        let mut gdst = c.gpu.poisoned(len.div_ceil(2))?;
+        c.gpu.convert_bf16(&gsrc, &mut gdst)?;
+        let got: Vec<u16> = c
+            .gpu
+            .download(&gdst)?
+            .iter()
+            .flat_map(|w| [w.to_bits() as u16, (w.to_bits() >> 16) as u16])
+            .take(len)
+            .collect();
+        let wrong = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        let case = format!("len {len} bitwise");
+        c.check("convert_bf16", &case, &[wrong as f32], &[0.0], 0.0);
+    }
+    Ok(())
+}
+
 fn fc_cases() -> Vec<(&'static str, FcGeom)> {
     let g = |n, inputs, outputs| FcGeom { n, inputs, outputs };
     keep(vec![
@@ -694,6 +724,9 @@ fn fc_cases() -> Vec<(&'static str, FcGeom)> {
         ("split-K data gradient 3x90 -> 700", g(3, 90, 700)),
         ("vec odd batch 7x36 -> 20", g(7, 36, 20)),
         ("vec split-K 3x1028 -> 700", g(3, 1028, 700)),
+        // Multiples of 8: bf16 operand copies (`*_vec_h16`) in bf16.
+        ("h16 odd batch 5x40 -> 24", g(5, 40, 24)),
+        ("h16 split-K 3x2056 -> 712", g(3, 2056, 712)),
         ("alexnet fc6 n4 9216 -> 4096", g(4, 9216, 4096)),
         ("alexnet fc7 n128 4096 -> 4096", g(128, 4096, 4096)),
         ("alexnet fc8 n128 4096 -> 1000", g(128, 4096, 1000)),

@@ -494,7 +494,7 @@ unsafe fn fc_forward_impl<const MODE: u8, const WIDE: bool>(
     outputs: u32,
     splits: u32,
 ) {
-    unsafe { fc_forward_any::<MODE, WIDE, false, VNARROW>(x, w, bias, y, batch, inputs, outputs, splits) }
+    unsafe { fc_forward_any::<MODE, WIDE, false, VNARROW, false>(x, w, bias, y, batch, inputs, outputs, splits) }
 }
 
 /// `fc_forward` on the vector engine (TF32/bf16; inputs a multiple of 4).
@@ -508,11 +508,11 @@ unsafe fn fc_forward_vec_impl<const MODE: u8, const T: u8>(
     outputs: u32,
     splits: u32,
 ) {
-    unsafe { fc_forward_any::<MODE, false, true, T>(x, w, bias, y, batch, inputs, outputs, splits) }
+    unsafe { fc_forward_any::<MODE, false, true, T, false>(x, w, bias, y, batch, inputs, outputs, splits) }
 }
 
 #[inline(always)]
-unsafe fn fc_forward_any<const MODE: u8, const WIDE: bool, const VEC: bool, const T: u8>(
+unsafe fn fc_forward_any<const MODE: u8, const WIDE: bool, const VEC: bool, const T: u8, const H: bool>(
     x: *const f32,
     w: *const f32,
     bias: *const f32,
@@ -534,9 +534,9 @@ unsafe fn fc_forward_any<const MODE: u8, const WIDE: bool, const VEC: bool, cons
     };
     let (m, n) = (batch, outputs);
     if VEC {
-        let a = VStrided::<true, false> { p: x, ks: 1, is: ni };
-        let b = VStrided::<true, false> { p: w, ks: 1, is: ni };
-        unsafe { gemm_tile_v::<_, _, _, MODE, T, false>(&a, &b, &e, m, n, k_begin, k_end) };
+        let a = VStrided::<true, H> { p: x, ks: 1, is: ni };
+        let b = VStrided::<true, H> { p: w, ks: 1, is: ni };
+        unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, m, n, k_begin, k_end) };
     } else {
         let a = Strided::<true> { p: x, ks: 1, is: ni };
         let b = Strided::<true> { p: w, ks: 1, is: ni };
@@ -548,6 +548,24 @@ gemm_kernels!(fc_forward_impl (x: *const f32, w: *const f32, bias: *const f32, y
     fc_forward: FP32, false; fc_forward_tf32: TF32, false; fc_forward_bf16: BF16, false; fc_forward_wide: FP32, true; fc_forward_tf32_wide: TF32, true; fc_forward_bf16_wide: BF16, true);
 gemm_kernels!(fc_forward_vec_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
     fc_forward_vec_tf32: TF32, 0; fc_forward_vec_bf16: BF16, 0; fc_forward_vec_tf32_wide: TF32, 1; fc_forward_vec_bf16_wide: BF16, 1);
+
+/// `fc_forward` on the vector engine from bf16 copies of x and w (`u16`
+/// storage behind the `f32` pointers; inputs a multiple of 8).
+unsafe fn fc_forward_h16_impl<const MODE: u8, const T: u8>(
+    x: *const f32,
+    w: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+    batch: u32,
+    inputs: u32,
+    outputs: u32,
+    splits: u32,
+) {
+    unsafe { fc_forward_any::<MODE, false, true, T, true>(x, w, bias, y, batch, inputs, outputs, splits) }
+}
+
+gemm_kernels!(fc_forward_h16_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
+    fc_forward_vec_h16_bf16: BF16, 0; fc_forward_vec_h16_bf16_wide: BF16, 1);
 
 /// Fully connected data gradient, `dx[b, i] = Σ_o dy[b, o]·w[o, i]`.
 ///
@@ -563,7 +581,7 @@ unsafe fn fc_backward_data_impl<const MODE: u8, const WIDE: bool>(
     outputs: u32,
     splits: u32,
 ) {
-    unsafe { fc_backward_data_any::<MODE, WIDE, false, VNARROW>(dy, w, dx, batch, inputs, outputs, splits) }
+    unsafe { fc_backward_data_any::<MODE, WIDE, false, VNARROW, false>(dy, w, dx, batch, inputs, outputs, splits) }
 }
 
 /// `fc_backward_data` on the vector engine (TF32/bf16; inputs and outputs
@@ -577,11 +595,11 @@ unsafe fn fc_backward_data_vec_impl<const MODE: u8, const T: u8>(
     outputs: u32,
     splits: u32,
 ) {
-    unsafe { fc_backward_data_any::<MODE, false, true, T>(dy, w, dx, batch, inputs, outputs, splits) }
+    unsafe { fc_backward_data_any::<MODE, false, true, T, false>(dy, w, dx, batch, inputs, outputs, splits) }
 }
 
 #[inline(always)]
-unsafe fn fc_backward_data_any<const MODE: u8, const WIDE: bool, const VEC: bool, const T: u8>(
+unsafe fn fc_backward_data_any<const MODE: u8, const WIDE: bool, const VEC: bool, const T: u8, const H: bool>(
     dy: *const f32,
     w: *const f32,
     dx: *mut f32,
@@ -602,9 +620,9 @@ unsafe fn fc_backward_data_any<const MODE: u8, const WIDE: bool, const VEC: bool
     };
     let (m, n) = (batch, inputs);
     if VEC {
-        let a = VStrided::<true, false> { p: dy, ks: 1, is: no };
-        let b = VStrided::<false, false> { p: w, ks: ni, is: 1 };
-        unsafe { gemm_tile_v::<_, _, _, MODE, T, false>(&a, &b, &e, m, n, k_begin, k_end) };
+        let a = VStrided::<true, H> { p: dy, ks: 1, is: no };
+        let b = VStrided::<false, H> { p: w, ks: ni, is: 1 };
+        unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, m, n, k_begin, k_end) };
     } else {
         let a = Strided::<true> { p: dy, ks: 1, is: no };
         let b = Strided::<false> { p: w, ks: ni, is: 1 };
@@ -616,6 +634,23 @@ gemm_kernels!(fc_backward_data_impl (dy: *const f32, w: *const f32, dx: *mut f32
     fc_backward_data: FP32, false; fc_backward_data_tf32: TF32, false; fc_backward_data_bf16: BF16, false; fc_backward_data_wide: FP32, true; fc_backward_data_tf32_wide: TF32, true; fc_backward_data_bf16_wide: BF16, true);
 gemm_kernels!(fc_backward_data_vec_impl (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
     fc_backward_data_vec_tf32: TF32, 0; fc_backward_data_vec_bf16: BF16, 0; fc_backward_data_vec_tf32_wide: TF32, 1; fc_backward_data_vec_bf16_wide: BF16, 1);
+
+/// `fc_backward_data` on the vector engine from bf16 copies of dy and w
+/// (inputs and outputs multiples of 8).
+unsafe fn fc_backward_data_h16_impl<const MODE: u8, const T: u8>(
+    dy: *const f32,
+    w: *const f32,
+    dx: *mut f32,
+    batch: u32,
+    inputs: u32,
+    outputs: u32,
+    splits: u32,
+) {
+    unsafe { fc_backward_data_any::<MODE, false, true, T, true>(dy, w, dx, batch, inputs, outputs, splits) }
+}
+
+gemm_kernels!(fc_backward_data_h16_impl (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
+    fc_backward_data_vec_h16_bf16: BF16, 0; fc_backward_data_vec_h16_bf16_wide: BF16, 1);
 
 /// Fully connected weight gradient, `dw[o, i] = Σ_b dy[b, o]·x[b, i]`.
 ///
@@ -629,7 +664,7 @@ unsafe fn fc_backward_filter_impl<const MODE: u8, const WIDE: bool>(
     inputs: u32,
     outputs: u32,
 ) {
-    unsafe { fc_backward_filter_any::<MODE, WIDE, false, VNARROW>(x, dy, dw, batch, inputs, outputs) }
+    unsafe { fc_backward_filter_any::<MODE, WIDE, false, VNARROW, false>(x, dy, dw, batch, inputs, outputs) }
 }
 
 /// `fc_backward_filter` on the vector engine (TF32/bf16; inputs and outputs
@@ -642,11 +677,11 @@ unsafe fn fc_backward_filter_vec_impl<const MODE: u8, const T: u8>(
     inputs: u32,
     outputs: u32,
 ) {
-    unsafe { fc_backward_filter_any::<MODE, false, true, T>(x, dy, dw, batch, inputs, outputs) }
+    unsafe { fc_backward_filter_any::<MODE, false, true, T, false>(x, dy, dw, batch, inputs, outputs) }
 }
 
 #[inline(always)]
-unsafe fn fc_backward_filter_any<const MODE: u8, const WIDE: bool, const VEC: bool, const T: u8>(
+unsafe fn fc_backward_filter_any<const MODE: u8, const WIDE: bool, const VEC: bool, const T: u8, const H: bool>(
     x: *const f32,
     dy: *const f32,
     dw: *mut f32,
@@ -663,9 +698,9 @@ unsafe fn fc_backward_filter_any<const MODE: u8, const WIDE: bool, const VEC: bo
         bias_by_row: false,
     };
     if VEC {
-        let a = VStrided::<false, false> { p: dy, ks: no, is: 1 };
-        let b = VStrided::<false, false> { p: x, ks: ni, is: 1 };
-        unsafe { gemm_tile_v::<_, _, _, MODE, T, false>(&a, &b, &e, outputs, inputs, 0, batch) };
+        let a = VStrided::<false, H> { p: dy, ks: no, is: 1 };
+        let b = VStrided::<false, H> { p: x, ks: ni, is: 1 };
+        unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, outputs, inputs, 0, batch) };
     } else {
         let a = Strided::<false> { p: dy, ks: no, is: 1 };
         let b = Strided::<false> { p: x, ks: ni, is: 1 };
@@ -677,6 +712,22 @@ gemm_kernels!(fc_backward_filter_impl (x: *const f32, dy: *const f32, dw: *mut f
     fc_backward_filter: FP32, false; fc_backward_filter_tf32: TF32, false; fc_backward_filter_bf16: BF16, false; fc_backward_filter_wide: FP32, true; fc_backward_filter_tf32_wide: TF32, true; fc_backward_filter_bf16_wide: BF16, true);
 gemm_kernels!(fc_backward_filter_vec_impl (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
     fc_backward_filter_vec_tf32: TF32, 0; fc_backward_filter_vec_bf16: BF16, 0; fc_backward_filter_vec_tf32_wide: TF32, 1; fc_backward_filter_vec_bf16_wide: BF16, 1);
+
+/// `fc_backward_filter` on the vector engine from bf16 copies of x and dy
+/// (inputs and outputs multiples of 8).
+unsafe fn fc_backward_filter_h16_impl<const MODE: u8, const T: u8>(
+    x: *const f32,
+    dy: *const f32,
+    dw: *mut f32,
+    batch: u32,
+    inputs: u32,
+    outputs: u32,
+) {
+    unsafe { fc_backward_filter_any::<MODE, false, true, T, true>(x, dy, dw, batch, inputs, outputs) }
+}
+
+gemm_kernels!(fc_backward_filter_h16_impl (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
+    fc_backward_filter_vec_h16_bf16: BF16, 0; fc_backward_filter_vec_h16_bf16_wide: BF16, 1);
 
 /// Fully connected bias gradient, `db[o] = Σ_b dy[b, o]`: one thread per
 /// output (coalesced across o), summing over the batch in order.

@@ -19,6 +19,9 @@
 //! contiguous elements, so the product reads whole vectors with no bounds
 //! checks. One thread per 16 bytes of output (4 fp32 or 8 bf16 elements,
 //! one vector store); 1-D grid-stride.
+//!
+//! `convert_bf16` rounds a flat array to bf16 (the fc products' operand
+//! copies, which need no reordering).
 
 use crate::device::{
     bid_x, bid_y, bid_z, grid_stride, pack_bf16, shared, sync_threads, tid_x, tid_y,
@@ -186,5 +189,31 @@ unsafe fn row_patches_any<T: Store>(src: *const f32, dst: *mut T, g: RowGeom) {
         }
         unsafe { T::store_vec(dst, (idx * T::PER_VEC) as usize, v) };
         idx += step;
+    }
+}
+
+/// `dst[i]` = `src[i]` rounded to bf16 (nearest even), for `len` elements:
+/// the bf16 operand copies of the fc products. One thread per 8 elements
+/// (two 16-byte loads, one 16-byte store where all 8 are in range), 1-D
+/// grid-stride; `src` and `dst` 16-byte aligned.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn convert_bf16(src: *const f32, dst: *mut u16, len: u32) {
+    let (mut i, step) = grid_stride();
+    let len = len as usize;
+    while i * 8 < len {
+        let at = i * 8;
+        if at + 8 <= len {
+            let (lo, hi) = unsafe {
+                let p = src.add(at) as *const Vec16;
+                (&(*p).0, &(*p.add(1)).0)
+            };
+            let v = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]].map(f32::from_bits);
+            unsafe { u16::store_vec(dst, at, v) };
+        } else {
+            for j in at..len {
+                unsafe { *dst.add(j) = u16::from_f32(*src.add(j)) };
+            }
+        }
+        i += step;
     }
 }

@@ -61,6 +61,11 @@ pub fn row_patches_bf16(src: &[f32], g: &RowGeom) -> Vec<u16> {
     row_patches(src, g).into_iter().map(to_bf16).collect()
 }
 
+/// Every value rounded to bf16, the CPU twin of `convert_bf16`.
+pub fn convert_bf16(src: &[f32]) -> Vec<u16> {
+    src.iter().copied().map(to_bf16).collect()
+}
+
 /// fp32 → bf16 bits, round to nearest even (finite values).
 pub fn to_bf16(v: f32) -> u16 {
     let b = v.to_bits();

@@ -7,9 +7,13 @@
 //! per output). In TF32/bf16, products whose inputs and outputs are
 //! multiples of 4 run on the vector engine (`*_vec` kernels: blocks of 128
 //! threads, 16-byte copies, `ldmatrix` where k is contiguous; its tile
-//! shapes are [`VecTile`]).
+//! shapes are [`VecTile`]). In bf16, where they are multiples of 8, the
+//! operands are first rounded to bf16 copies in scratch (`convert_bf16`)
+//! and the `*_vec_h16` kernels read those: half the bytes, no conversion in
+//! the inner loop.
 
-use super::{CudaBackend, check_len, gemm_names, grid_1d, launch};
+use super::layout::as_bf16;
+use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
 use crate::backend::FcGeom;
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, LaunchConfig};
@@ -94,21 +98,42 @@ pub(super) fn is_vec_kernel(name: &str) -> bool {
     name.contains("_nhwc") || name.contains("_vec_") || name.contains("_rows")
 }
 
-/// The fc kernel `base` for the current precision and tile height, or its
-/// vector-engine twin `{base}_vec` where the shape allows (`fits`), with its
-/// launch configuration from `cfg`.
+/// The fc kernel `base` for the current precision and tile height, or a
+/// vector-engine twin where the shape allows: `{base}_vec_h16` (bf16
+/// operand copies; `fits[1]`, bf16 with bf16 operands on) or `{base}_vec`
+/// (`fits[0]`). Its launch configuration from `cfg`, and whether it reads
+/// bf16 copies.
 fn pick(
     be: &CudaBackend,
     names: [&'static str; 6],
-    fits: bool,
+    fits: [bool; 2],
     wide: bool,
     cfg: LaunchConfig,
-) -> (&'static str, LaunchConfig) {
+) -> (&'static str, LaunchConfig, bool) {
     let tile = VecTile::of(wide);
-    match be.vec_kernel(&format!("{}_vec", names[0]), fits, tile) {
-        Some(name) => (name, vec_cfg(cfg, tile)),
-        None => (be.gemm_kernel(names, wide), cfg),
+    let half = fits[1] && be.bf16_operands;
+    if let Some(name) = be.vec_kernel(&format!("{}_vec_h16", names[0]), half, tile) {
+        return (name, vec_cfg(cfg, tile), true);
     }
+    match be.vec_kernel(&format!("{}_vec", names[0]), fits[0], tile) {
+        Some(name) => (name, vec_cfg(cfg, tile), false),
+        None => (be.gemm_kernel(names, wide), cfg, false),
+    }
+}
+
+/// Runs `f` on operands `a` and `b`, or (`half`) on bf16 copies of them in
+/// the given scratch slots.
+fn operands<R>(
+    be: &CudaBackend,
+    half: bool,
+    (sa, a): (Scratch, &CudaSlice<f32>),
+    (sb, b): (Scratch, &CudaSlice<f32>),
+    f: impl FnOnce(&CudaSlice<f32>, &CudaSlice<f32>) -> Result<R>,
+) -> Result<R> {
+    if !half {
+        return f(a, b);
+    }
+    as_bf16(be, sa, a, |a| as_bf16(be, sb, b, |b| f(a, b)))
 }
 
 fn dims(g: &FcGeom) -> (u32, u32, u32) {
@@ -130,18 +155,19 @@ pub(super) fn fc_forward(
     let (n, i, o) = dims(g);
     let (cfg, wide) = tiles(be, g.n, g.outputs, 1);
     let splits = fc_splits(be, &cfg, g.inputs);
-    let fits = g.inputs.is_multiple_of(4);
+    let fits = [g.inputs.is_multiple_of(4), g.inputs.is_multiple_of(8)];
     let what = || format!("{g:?} splits={splits}");
-    if splits == 1 {
-        let (name, cfg) = pick(be, gemm_names!("fc_forward"), fits, wide, cfg);
-        return launch!(be, name, cfg, what; x, w, b, y, &n, &i, &o, &splits);
-    }
-    let len = g.n * g.outputs;
     let cfg = grid(g.n, g.outputs, splits as usize, wide);
-    let (name, cfg) = pick(be, gemm_names!("fc_forward"), fits, wide, cfg);
-    be.with_workspace(len * splits as usize, |ws| {
-        launch!(be, name, cfg, what; x, w, b, &mut *ws, &n, &i, &o, &splits)?;
-        launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *y, &len, &splits, b, &o)
+    let (name, cfg, half) = pick(be, gemm_names!("fc_forward"), fits, wide, cfg);
+    operands(be, half, (Scratch::X, x), (Scratch::W, w), |x, w| {
+        if splits == 1 {
+            return launch!(be, name, cfg, what; x, w, b, y, &n, &i, &o, &splits);
+        }
+        let len = g.n * g.outputs;
+        be.with_workspace(len * splits as usize, |ws| {
+            launch!(be, name, cfg, what; x, w, b, &mut *ws, &n, &i, &o, &splits)?;
+            launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *y, &len, &splits, b, &o)
+        })
     })
 }
 
@@ -168,18 +194,19 @@ pub(super) fn fc_backward_data(
     let (n, i, o) = dims(g);
     let (cfg, wide) = tiles(be, g.n, g.inputs, 1);
     let splits = fc_splits(be, &cfg, g.outputs);
-    let fits = g.inputs.is_multiple_of(4) && g.outputs.is_multiple_of(4);
+    let fits = |v: usize| g.inputs.is_multiple_of(v) && g.outputs.is_multiple_of(v);
     let what = || format!("{g:?} splits={splits}");
-    if splits == 1 {
-        let (name, cfg) = pick(be, gemm_names!("fc_backward_data"), fits, wide, cfg);
-        return launch!(be, name, cfg, what; dy, w, dx, &n, &i, &o, &splits);
-    }
-    let len = g.n * g.inputs;
     let cfg = grid(g.n, g.inputs, splits as usize, wide);
-    let (name, cfg) = pick(be, gemm_names!("fc_backward_data"), fits, wide, cfg);
-    be.with_workspace(len * splits as usize, |ws| {
-        launch!(be, name, cfg, what; dy, w, &mut *ws, &n, &i, &o, &splits)?;
-        launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dx, &len, &splits, &0u64, &1u32)
+    let (name, cfg, half) = pick(be, gemm_names!("fc_backward_data"), [fits(4), fits(8)], wide, cfg);
+    operands(be, half, (Scratch::Dy, dy), (Scratch::W, w), |dy, w| {
+        if splits == 1 {
+            return launch!(be, name, cfg, what; dy, w, dx, &n, &i, &o, &splits);
+        }
+        let len = g.n * g.inputs;
+        be.with_workspace(len * splits as usize, |ws| {
+            launch!(be, name, cfg, what; dy, w, &mut *ws, &n, &i, &o, &splits)?;
+            launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dx, &len, &splits, &0u64, &1u32)
+        })
     })
 }
 
@@ -195,9 +222,11 @@ pub(super) fn fc_backward_filter(
     check_len("fc_backward_filter dw", dw, g.outputs * g.inputs)?;
     let (n, i, o) = dims(g);
     let (cfg, wide) = tiles(be, g.outputs, g.inputs, 1);
-    let fits = g.inputs.is_multiple_of(4) && g.outputs.is_multiple_of(4);
-    let (name, cfg) = pick(be, gemm_names!("fc_backward_filter"), fits, wide, cfg);
-    launch!(be, name, cfg, || format!("{g:?}"); x, dy, dw, &n, &i, &o)
+    let fits = |v: usize| g.inputs.is_multiple_of(v) && g.outputs.is_multiple_of(v);
+    let (name, cfg, half) = pick(be, gemm_names!("fc_backward_filter"), [fits(4), fits(8)], wide, cfg);
+    operands(be, half, (Scratch::X, x), (Scratch::Dy, dy), |x, dy| {
+        launch!(be, name, cfg, || format!("{g:?}"); x, dy, dw, &n, &i, &o)
+    })
 }
 
 pub(super) fn fc_backward_bias(

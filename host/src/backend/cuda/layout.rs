@@ -1,9 +1,10 @@
 //! Launchers for `transpose` and `transpose_bf16` (32×32 tiles through
 //! shared memory, one 32×8 block per tile, grid z over the batch of
-//! matrices) and `row_patches` / `row_patches_bf16` (a thread per window
-//! row, 1-D grid-stride).
+//! matrices), `row_patches` / `row_patches_bf16` (a thread per 16 bytes of
+//! output, 1-D grid-stride) and `convert_bf16` (a thread per 8 elements,
+//! 1-D grid-stride).
 
-use super::{CudaBackend, grid_1d, launch};
+use super::{CudaBackend, Scratch, grid_1d, launch};
 use crate::backend::RowGeom;
 use anyhow::{Result, ensure};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
@@ -115,4 +116,33 @@ pub(super) fn transpose(
     let (r, c, ro) = (rows as u32, cols as u32, rows_out as u32);
     let name = if half { "transpose_bf16" } else { "transpose" };
     launch!(be, name, cfg, || format!("{batches}x{rows}x{cols} -> {rows_out}"); src, dst, &r, &c, &ro)
+}
+
+/// `dst` (raw bf16 storage, two values per float) = `src` rounded to bf16.
+pub(super) fn convert_bf16(
+    be: &CudaBackend,
+    src: &CudaSlice<f32>,
+    dst: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let len = src.len();
+    ensure!(
+        dst.len() >= len.div_ceil(2) && len < u32::MAX as usize,
+        "convert_bf16: {len} values (at most 2^32) into {} floats of bf16 storage",
+        dst.len()
+    );
+    let n = len as u32;
+    launch!(be, "convert_bf16", grid_1d(be, len.div_ceil(8)), || format!("len {len}"); src, dst, &n)
+}
+
+/// Runs `f` with a bf16 copy of `src` in scratch `slot`.
+pub(super) fn as_bf16<R>(
+    be: &CudaBackend,
+    slot: Scratch,
+    src: &CudaSlice<f32>,
+    f: impl FnOnce(&CudaSlice<f32>) -> Result<R>,
+) -> Result<R> {
+    be.with_scratch(slot, src.len().div_ceil(2), |t| {
+        convert_bf16(be, src, t)?;
+        f(t)
+    })
 }

@@ -67,6 +67,7 @@ const KERNELS: &[&str] = &[
     "transpose_bf16",
     "row_patches",
     "row_patches_bf16",
+    "convert_bf16",
     "conv_forward_rows_tf32",
     "conv_forward_rows_tf32_wide",
     "conv_forward_rows16_bf16",
@@ -113,6 +114,12 @@ const KERNELS: &[&str] = &[
     "fc_backward_filter_vec_bf16",
     "fc_backward_filter_vec_tf32_wide",
     "fc_backward_filter_vec_bf16_wide",
+    "fc_forward_vec_h16_bf16",
+    "fc_forward_vec_h16_bf16_wide",
+    "fc_backward_data_vec_h16_bf16",
+    "fc_backward_data_vec_h16_bf16_wide",
+    "fc_backward_filter_vec_h16_bf16",
+    "fc_backward_filter_vec_h16_bf16_wide",
     "relu_forward",
     "relu_backward",
     "lrn_forward",
@@ -506,6 +513,11 @@ impl CudaBackend {
         half: bool,
     ) -> Result<()> {
         layout::row_patches(self, src, dst, g, half)
+    }
+
+    /// `src` rounded to bf16 into `dst` (raw storage, two values per float).
+    pub fn convert_bf16(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>) -> Result<()> {
+        layout::convert_bf16(self, src, dst)
     }
 
     /// `transpose` into raw bf16 storage (see the kernel).
