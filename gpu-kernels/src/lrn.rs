@@ -480,39 +480,36 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize>(
         let (run, pix) = ((it / pixels) as u32, it % pixels);
         let (img, q) = (pix / hw, (pix % hw) as u32);
         let (ih, iw) = (q / g.w, q % g.w);
-        let xb = unsafe { x.add(img * g.c as usize * hw + q as usize) };
-        let dxb = unsafe { dx.add(img * g.c as usize * hw + q as usize) };
+        let plane_in = img * g.c as usize * hw + q as usize;
+        let plane_out = img * g.c as usize * ohw;
         // Candidate windows (r, c) in window order; for each, the offset
         // this pixel would have in it (as `arg` stores it), whether it
-        // holds the pixel, and its in-bounds index to load.
+        // holds the pixel, and its in-bounds index in a pooled plane.
         let mut wins = [(0.0f32, false, 0usize); 4];
         unrolled::<4>(|k| {
             let (r, c) = ((ih / 2 + k as u32 / 2).wrapping_sub(1), (iw / 2 + k as u32 % 2).wrapping_sub(1));
             let (dr, dc) = (ih.wrapping_sub(2 * r), iw.wrapping_sub(2 * c));
             let ok = r < g.oh && c < g.ow && dr < P as u32 && dc < P as u32;
             let at = (r.min(g.oh - 1) * g.ow + c.min(g.ow - 1)) as usize;
-            wins[k] = ((dr * P as u32 + dc) as f32, ok, img * g.c as usize * ohw + at);
+            wins[k] = ((dr * P as u32 + dc) as f32, ok, at);
         });
         let c0 = run * g.chunk;
         let c1 = (c0 + g.chunk).min(g.c);
-        let load_x = |ch: i32| {
-            if ch >= 0 && ch < g.c as i32 {
-                unsafe { *xb.add(ch as usize * hw) }
-            } else {
-                0.0
-            }
-        };
-        // The windows' (arg, dz) in channel `m` (unused outside the
-        // channels).
-        let load_w = |m: i32| {
-            let mut v = [(0.0f32, 0.0f32); 4];
-            if m >= 0 && m < g.c as i32 {
-                let plane = m as usize * ohw;
-                unrolled::<4>(|k| {
-                    let at = wins[k].2 + plane;
-                    v[k] = unsafe { (*arg.add(at), *dz.add(at)) };
-                });
-            }
+        let start = c0 as i32 - 2 * half;
+        // Pointers walk a channel a step (wrapping below channel 0; read
+        // only inside the channels): x at channel `xe`, the windows' arg and
+        // dz at `we`, dx at the step's output channel.
+        let at_ch = |p: *const f32, plane: usize, ch: i32| p.wrapping_offset(ch as isize * plane as isize);
+        let mut xe = start;
+        let mut xp = at_ch(x.wrapping_add(plane_in), hw, xe);
+        let mut we = start + half;
+        let mut ap = at_ch(arg.wrapping_add(plane_out), ohw, we);
+        let mut zp = at_ch(dz.wrapping_add(plane_out), ohw, we);
+        let mut dp = at_ch(dx.wrapping_add(plane_in), hw, start) as *mut f32;
+        let inside = |ch: i32| (ch as u32) < g.c;
+        let mut next_x = || {
+            let v = if inside(xe) { unsafe { *xp } } else { 0.0 };
+            (xe, xp) = (xe + 1, xp.wrapping_add(hw));
             v
         };
         // x over channels [t, t + S − 1] and, for channels
@@ -520,25 +517,32 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize>(
         // and dy·scale^(−β) (both 0 outside the channels).
         let mut xs = [0.0f32; S];
         let (mut qs, mut ds) = ([0.0f32; S], [0.0f32; S]);
-        let start = c0 as i32 - 2 * half;
         unrolled::<S>(|s| {
             if s > 0 {
-                xs[s] = load_x(start + s as i32 - 1);
+                xs[s] = next_x();
             }
         });
-        // Loads run one channel ahead of their use (two steps in flight;
-        // measured neutral while the kernel was issue-bound).
-        let (mut next_x, mut next_w) = (load_x(start + 2 * half), load_w(start + half));
+        // The windows' (arg, dz) in channel `we` (unused outside the
+        // channels), then on to the next channel.
+        let mut next_w = || {
+            let mut v = [(0.0f32, 0.0f32); 4];
+            if inside(we) {
+                unrolled::<4>(|k| {
+                    let at = wins[k].2;
+                    v[k] = unsafe { (*ap.add(at), *zp.add(at)) };
+                });
+            }
+            (we, ap, zp) = (we + 1, ap.wrapping_add(ohw), zp.wrapping_add(ohw));
+            v
+        };
         for t in start..c1 as i32 {
-            let (xv, wv) = (next_x, next_w);
-            (next_x, next_w) = (load_x(t + 1 + 2 * half), load_w(t + 1 + half));
-            slide(&mut xs, xv);
-            let m = t + half;
-            let (qv, dv) = if m >= 0 && m < g.c as i32 {
+            slide(&mut xs, next_x());
+            let w_now = next_w();
+            let (qv, dv) = if inside(t + half) {
                 // Window order; a zero term leaves the sum unchanged.
                 let mut dy = 0.0f32;
                 unrolled::<4>(|k| {
-                    let ((here, ok, _), (a, d)) = (wins[k], wv[k]);
+                    let ((here, ok, _), (a, d)) = (wins[k], w_now[k]);
                     dy += if ok && a == here { d } else { 0.0 };
                 });
                 let (sc, r) = lrn_scale(&xs, g.alpha, g.beta, g.k);
@@ -557,8 +561,9 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize>(
                 }
                 let v = ds[S / 2] - coef * xv * acc;
                 let masked = relu && !(xv > 0.0);
-                unsafe { *dxb.add(t as usize * hw) = if masked { 0.0 } else { v } };
+                unsafe { *dp = if masked { 0.0 } else { v } };
             }
+            dp = dp.wrapping_add(hw);
         }
         it += step;
     }
