@@ -51,6 +51,17 @@ impl Ctx {
         self.check_floor(test, case, got, want, tol, 0.0);
     }
 
+    /// That `got` (a gradient through a ReLU whose output is `x`) is exactly
+    /// zero wherever `x ≤ 0`.
+    fn check_relu_mask(&mut self, test: &str, case: &str, got: &[f32], x: &[f32]) {
+        let leaks = got
+            .iter()
+            .zip(x)
+            .filter(|(g, x)| **x <= 0.0 && **g != 0.0)
+            .count();
+        self.check(test, &format!("{case} mask"), &[leaks as f32], &[0.0], 0.0);
+    }
+
     /// As `check`, with ‖ref‖ taken as at least `floor`: for outputs whose
     /// values may legitimately be ~0 (a confident sample's loss is 1e-18 in
     /// f64 but 0 in fp32), where only an absolute error makes sense.
@@ -479,13 +490,7 @@ fn conv_backward_in(c: &mut Ctx, p: Precision) -> Result<()> {
             }
             if relu {
                 let got = c.gpu.download(&gdx)?;
-                let leaks = got
-                    .iter()
-                    .zip(&relu_x)
-                    .filter(|(g, x)| **x <= 0.0 && **g != 0.0)
-                    .count();
-                let case = format!("{case} mask");
-                c.check("conv_backward", &case, &[leaks as f32], &[0.0], 0.0);
+                c.check_relu_mask("conv_backward", &case, &got, &relu_x);
             }
         }
     }
@@ -956,13 +961,7 @@ fn lrn_backward(c: &mut Ctx) -> Result<()> {
             let case = format!("{case}{}", if relu { " +relu" } else { "" });
             c.check("lrn_backward", &case, &got, &want, 1e-5);
             if relu {
-                let leaks = got
-                    .iter()
-                    .zip(&x)
-                    .filter(|(g, x)| **x <= 0.0 && **g != 0.0)
-                    .count();
-                let case = format!("{case} mask");
-                c.check("lrn_backward", &case, &[leaks as f32], &[0.0], 0.0);
+                c.check_relu_mask("lrn_backward", &case, &got, &x);
             }
         }
     }
@@ -1085,13 +1084,7 @@ fn lrn_pool_backward(c: &mut Ctx) -> Result<()> {
             let case = format!("{case}{}", if relu { " +relu" } else { "" });
             c.check("lrn_pool_backward", &case, &got, &want, 1e-5);
             if relu {
-                let leaks = got
-                    .iter()
-                    .zip(&x)
-                    .filter(|(g, x)| **x <= 0.0 && **g != 0.0)
-                    .count();
-                let case = format!("{case} mask");
-                c.check("lrn_pool_backward", &case, &[leaks as f32], &[0.0], 0.0);
+                c.check_relu_mask("lrn_pool_backward", &case, &got, &x);
             }
         }
     }
