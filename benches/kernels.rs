@@ -290,9 +290,13 @@ fn main() -> Result<()> {
 
     let w6 = rand_buf(&b.be, 4096 * 9216, 270)?;
     let mut w6h = b.be.zeros(4096 * 9216 / 2)?;
-    b.run("convert_bf16", "fc6 w 4096x9216", 0.0, 6.0 * (4096 * 9216) as f64, |be| {
-        be.convert_bf16(&w6, &mut w6h)
-    })?;
+    b.run(
+        "convert_bf16",
+        "fc6 w 4096x9216",
+        0.0,
+        6.0 * (4096 * 9216) as f64,
+        |be| be.convert_bf16(&w6, &mut w6h),
+    )?;
 
     for (name, c, hw) in [("lrn1 96x55x55", 96, 55), ("lrn2 256x27x27", 256, 27)] {
         let p = LrnParams {
@@ -319,7 +323,10 @@ fn main() -> Result<()> {
 
     // The fused pair as the model runs it (x in; pooled output and argmax
     // out; backward: x, argmax and dz in, dx out).
-    for (name, c, hw) in [("norm1+pool1 96x55x55", 96, 55), ("norm2+pool2 256x27x27", 256, 27)] {
+    for (name, c, hw) in [
+        ("norm1+pool1 96x55x55", 96, 55),
+        ("norm2+pool2 256x27x27", 256, 27),
+    ] {
         let p = LrnParams {
             n,
             c,

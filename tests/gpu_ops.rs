@@ -468,12 +468,17 @@ fn conv_backward_in(c: &mut Ctx, p: Precision) -> Result<()> {
             .collect();
         let (gdy, gw) = (c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
         for (with_dx, relu) in [(true, false), (false, false), (true, true)] {
-            let (dw, dx) = if relu { (&dw_relu, &dx_relu) } else { (&dw, &dx) };
+            let (dw, dx) = if relu {
+                (&dw_relu, &dx_relu)
+            } else {
+                (&dw, &dx)
+            };
             let gx = c.gpu.upload(if relu { &relu_x } else { &x })?;
             let (mut gdw, mut gdb) = (c.gpu.poisoned(g.w_len())?, c.gpu.poisoned(g.c_out)?);
             let mut gdx = c.gpu.poisoned(g.x_len())?;
             let dx_arg = with_dx.then_some(&mut gdx);
-            c.gpu.conv_backward(&g, &gx, &gdy, &gw, &mut gdw, &mut gdb, dx_arg, relu)?;
+            c.gpu
+                .conv_backward(&g, &gx, &gdy, &gw, &mut gdw, &mut gdb, dx_arg, relu)?;
             let what = match (with_dx, relu) {
                 (false, _) => " (no dx)",
                 (true, true) => " +relu",
@@ -1003,21 +1008,32 @@ fn lrn_pool_cases() -> Vec<(&'static str, (LrnParams, PoolGeom))> {
         case("runs 1x65x6x5 size5 2/2", pair(1, 65, 6, 5, 5, 2, 0.5)),
         case("tail 2x4x10x12 size5 3/2", pair(2, 4, 10, 12, 5, 3, 0.5)),
         case("odd tail 1x6x13x7 size3 2/2", pair(1, 6, 13, 7, 3, 2, 0.5)),
-        case("single window 1x2x3x3 size5 3/2", pair(1, 2, 3, 3, 5, 3, 0.5)),
-        case("alexnet norm1+pool1 n4 96x55x55", pair(4, 96, 55, 55, 5, 3, 1e-4)),
-        case("alexnet norm2+pool2 n4 256x27x27", pair(4, 256, 27, 27, 5, 3, 1e-4)),
+        case(
+            "single window 1x2x3x3 size5 3/2",
+            pair(1, 2, 3, 3, 5, 3, 0.5),
+        ),
+        case(
+            "alexnet norm1+pool1 n4 96x55x55",
+            pair(4, 96, 55, 55, 5, 3, 1e-4),
+        ),
+        case(
+            "alexnet norm2+pool2 n4 256x27x27",
+            pair(4, 256, 27, 27, 5, 3, 1e-4),
+        ),
     ])
 }
 
 fn lrn_pool_forward(c: &mut Ctx) -> Result<()> {
     for (case, (p, g)) in lrn_pool_cases() {
         if !c.gpu.lrn_pool_fusable(&p, &g) {
-            c.failures.push(format!("lrn_pool_forward {case}: not fusable"));
+            c.failures
+                .push(format!("lrn_pool_forward {case}: not fusable"));
             continue;
         }
         let x = c.randn(p.len(), 3.0);
         let (mut want, mut want_arg) = (vec![0.0; g.y_len()], vec![0.0; g.y_len()]);
-        c.cpu.lrn_pool_forward(&p, &g, &x, &mut want, &mut want_arg)?;
+        c.cpu
+            .lrn_pool_forward(&p, &g, &x, &mut want, &mut want_arg)?;
         let gx = c.gpu.upload(&x)?;
         let (mut gz, mut garg) = (c.gpu.poisoned(g.y_len())?, c.gpu.poisoned(g.y_len())?);
         c.gpu.lrn_pool_forward(&p, &g, &gx, &mut gz, &mut garg)?;
@@ -1044,7 +1060,13 @@ fn lrn_pool_forward(c: &mut Ctx) -> Result<()> {
             })
             .count();
         let case = format!("{case} argmax (off only at ties)");
-        c.check("lrn_pool_forward", &case, &[unexplained as f32], &[0.0], 0.0);
+        c.check(
+            "lrn_pool_forward",
+            &case,
+            &[unexplained as f32],
+            &[0.0],
+            0.0,
+        );
     }
     // Shapes the fused kernels do not take are refused, not mis-run.
     let (p, g) = lrn_pool_cases()[0].1;
@@ -1056,7 +1078,13 @@ fn lrn_pool_forward(c: &mut Ctx) -> Result<()> {
     .iter()
     .filter(|(p, g)| !c.gpu.lrn_pool_fusable(p, g))
     .count();
-    c.check("lrn_pool_forward", "other shapes refused", &[refused as f32], &[3.0], 0.0);
+    c.check(
+        "lrn_pool_forward",
+        "other shapes refused",
+        &[refused as f32],
+        &[3.0],
+        0.0,
+    );
     Ok(())
 }
 
@@ -1076,10 +1104,12 @@ fn lrn_pool_backward(c: &mut Ctx) -> Result<()> {
             c.gpu.lrn_pool_forward(&p, &g, &gx, &mut gz, &mut garg)?;
             let arg = c.gpu.download(&garg)?;
             let mut want = vec![0.0; p.len()];
-            c.cpu.lrn_pool_backward(&p, &g, &x, &arg, &dz, &mut want, relu)?;
+            c.cpu
+                .lrn_pool_backward(&p, &g, &x, &arg, &dz, &mut want, relu)?;
             let gdz = c.gpu.upload(&dz)?;
             let mut gdx = c.gpu.poisoned(p.len())?;
-            c.gpu.lrn_pool_backward(&p, &g, &gx, &garg, &gdz, &mut gdx, relu)?;
+            c.gpu
+                .lrn_pool_backward(&p, &g, &gx, &garg, &gdz, &mut gdx, relu)?;
             let got = c.gpu.download(&gdx)?;
             let case = format!("{case}{}", if relu { " +relu" } else { "" });
             c.check("lrn_pool_backward", &case, &got, &want, 1e-5);

@@ -205,7 +205,8 @@ impl<B: Backend> Model<B> {
                 let prev = i.checked_sub(1).map(|p| &layers[p].kind);
                 let next = layers.get(i + 1).map(|l| &l.kind);
                 slots[i].relu_in_prev = matches!(prev, Some(LayerKind::Conv(_)));
-                slots[i].relu_in_next = matches!(next, Some(LayerKind::Lrn(_) | LayerKind::Conv(_)));
+                slots[i].relu_in_next =
+                    matches!(next, Some(LayerKind::Lrn(_) | LayerKind::Conv(_)));
             }
             if pool_in_lrn[i] {
                 slots[i].pool_in_lrn = true;

@@ -206,9 +206,15 @@ fn data_from_nhwc(
     let (cg, fg, kk) = (g.c_in / g.groups, g.c_out / g.groups, g.k_h * g.k_w);
     let what = || format!("{g:?}");
     let dims = [g.groups, fg, cg * kk];
-    relayout(be, Scratch::W, w, dims, fg, plan.half, |wt| {
-        launch!(be, plan.name, plan.cfg, what; s, dyt, wt, dx, mask)
-    })
+    relayout(
+        be,
+        Scratch::W,
+        w,
+        dims,
+        fg,
+        plan.half,
+        |wt| launch!(be, plan.name, plan.cfg, what; s, dyt, wt, dx, mask),
+    )
 }
 
 /// The channels-last kernel for product `base`, whether it reads bf16

@@ -197,7 +197,13 @@ pub(super) fn fc_backward_data(
     let fits = |v: usize| g.inputs.is_multiple_of(v) && g.outputs.is_multiple_of(v);
     let what = || format!("{g:?} splits={splits}");
     let cfg = grid(g.n, g.inputs, splits as usize, wide);
-    let (name, cfg, half) = pick(be, gemm_names!("fc_backward_data"), [fits(4), fits(8)], wide, cfg);
+    let (name, cfg, half) = pick(
+        be,
+        gemm_names!("fc_backward_data"),
+        [fits(4), fits(8)],
+        wide,
+        cfg,
+    );
     operands(be, half, (Scratch::Dy, dy), (Scratch::W, w), |dy, w| {
         if splits == 1 {
             return launch!(be, name, cfg, what; dy, w, dx, &n, &i, &o, &splits);
@@ -223,10 +229,20 @@ pub(super) fn fc_backward_filter(
     let (n, i, o) = dims(g);
     let (cfg, wide) = tiles(be, g.outputs, g.inputs, 1);
     let fits = |v: usize| g.inputs.is_multiple_of(v) && g.outputs.is_multiple_of(v);
-    let (name, cfg, half) = pick(be, gemm_names!("fc_backward_filter"), [fits(4), fits(8)], wide, cfg);
-    operands(be, half, (Scratch::X, x), (Scratch::Dy, dy), |x, dy| {
-        launch!(be, name, cfg, || format!("{g:?}"); x, dy, dw, &n, &i, &o)
-    })
+    let (name, cfg, half) = pick(
+        be,
+        gemm_names!("fc_backward_filter"),
+        [fits(4), fits(8)],
+        wide,
+        cfg,
+    );
+    operands(
+        be,
+        half,
+        (Scratch::X, x),
+        (Scratch::Dy, dy),
+        |x, dy| launch!(be, name, cfg, || format!("{g:?}"); x, dy, dw, &n, &i, &o),
+    )
 }
 
 pub(super) fn fc_backward_bias(

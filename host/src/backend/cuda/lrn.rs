@@ -94,7 +94,10 @@ pub(super) fn fusable(p: &LrnParams, g: &PoolGeom) -> bool {
 }
 
 fn shape(p: &LrnParams, g: &PoolGeom) -> Result<LrnPoolShape> {
-    ensure!(fusable(p, g), "lrn_pool: no fused kernel for {p:?} then {g:?}");
+    ensure!(
+        fusable(p, g),
+        "lrn_pool: no fused kernel for {p:?} then {g:?}"
+    );
     Ok(LrnPoolShape {
         n: p.n as u32,
         c: p.c as u32,
