@@ -355,24 +355,16 @@ pub(super) fn conv_backward_filter(
             let what = || format!("{g:?} splits={splits}");
             filter_launch(be, name, cfg, &s, x, dy, dw, splits, &what)
         }
-        plan => dy_nhwc(be, g, dy, plan.half(), |dyt| {
-            filter_from_nhwc(be, g, &s, &plan, x, dyt, dw)
+        FilterPlan::Vec(f) => dy_nhwc(be, g, dy, f.plan.half, |dyt| {
+            filter_from_nhwc(be, g, &s, &f, x, dyt, dw)
         }),
     }
 }
 
-/// The weight gradient's kernel for a shape: on row patches of x (conv1),
-/// channels-last, or the NCHW GEMM engine; `splits` K slices.
+/// The weight gradient's kernel for a shape: on the vector engine (dy in
+/// NHWC) or the NCHW GEMM engine; `splits` K slices.
 enum FilterPlan {
-    Rows {
-        plan: VecPlan,
-        rw: usize,
-        splits: u32,
-    },
-    ChannelsLast {
-        plan: VecPlan,
-        splits: u32,
-    },
+    Vec(VecFilter),
     Gemm {
         name: &'static str,
         cfg: LaunchConfig,
@@ -380,14 +372,12 @@ enum FilterPlan {
     },
 }
 
-impl FilterPlan {
-    /// Whether its dy (NHWC) copy is bf16.
-    fn half(&self) -> bool {
-        match self {
-            FilterPlan::Rows { plan, .. } | FilterPlan::ChannelsLast { plan, .. } => plan.half,
-            FilterPlan::Gemm { .. } => false,
-        }
-    }
+/// A vector-engine weight gradient: x as row patches `rw` long (`rows =
+/// Some(rw)`, conv1) or in NHWC; `splits` K slices.
+struct VecFilter {
+    plan: VecPlan,
+    rows: Option<usize>,
+    splits: u32,
 }
 
 fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
@@ -402,7 +392,11 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
     if let Some((name, half, rw, tile)) = rows {
         let cfg = vec_cfg(grid(m, g.k_h * rw, splits as usize, wide), tile);
         let plan = VecPlan { name, half, cfg };
-        return FilterPlan::Rows { plan, rw, splits };
+        return FilterPlan::Vec(VecFilter {
+            plan,
+            rows: Some(rw),
+            splits,
+        });
     }
     let fits = [
         cg.is_multiple_of(4) && m.is_multiple_of(4),
@@ -414,39 +408,47 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
             half,
             cfg: vec_cfg(cfg, tile),
         };
-        return FilterPlan::ChannelsLast { plan, splits };
+        return FilterPlan::Vec(VecFilter {
+            plan,
+            rows: None,
+            splits,
+        });
     }
     let name = be.gemm_kernel(gemm_names!("conv_backward_filter"), wide);
     FilterPlan::Gemm { name, cfg, splits }
 }
 
-/// A row-patch or channels-last weight gradient from dy already in NHWC
-/// (`dyt`): cuts or relays x out and launches.
+/// A vector-engine weight gradient from dy already in NHWC (`dyt`): cuts
+/// or relays x out and launches.
 fn filter_from_nhwc(
     be: &CudaBackend,
     g: &ConvGeom,
     s: &ConvShape,
-    plan: &FilterPlan,
+    f: &VecFilter,
     x: &CudaSlice<f32>,
     dyt: &CudaSlice<f32>,
     dw: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    match plan {
-        FilterPlan::Rows { plan, rw, splits } => {
-            let what = || format!("{g:?} splits={splits}");
-            let pg = RowGeom::patches(g, *rw);
-            cut_rows(be, Scratch::X, x, &pg, plan.half, |p| {
-                filter_launch(be, plan.name, plan.cfg, s, p, dyt, dw, *splits, &what)
-            })
-        }
-        FilterPlan::ChannelsLast { plan, splits } => {
-            let what = || format!("{g:?} splits={splits}");
+    let (plan, splits) = (&f.plan, f.splits);
+    let what = || format!("{g:?} splits={splits}");
+    let run = |xt: &CudaSlice<f32>, dw: &mut CudaSlice<f32>| {
+        filter_launch(be, plan.name, plan.cfg, s, xt, dyt, dw, splits, &what)
+    };
+    match f.rows {
+        Some(rw) => cut_rows(
+            be,
+            Scratch::X,
+            x,
+            &RowGeom::patches(g, rw),
+            plan.half,
+            |p| run(p, dw),
+        ),
+        None => {
             let x_dims = [g.n, g.c_in, g.h * g.w];
             relayout(be, Scratch::X, x, x_dims, g.c_in, plan.half, |xt| {
-                filter_launch(be, plan.name, plan.cfg, s, xt, dyt, dw, *splits, &what)
+                run(xt, dw)
             })
         }
-        FilterPlan::Gemm { .. } => unreachable!("the GEMM engine reads dy in NCHW"),
     }
 }
 
@@ -467,15 +469,16 @@ pub(super) fn conv_backward(
     relu: bool,
 ) -> Result<()> {
     let relu_of = relu.then_some(x);
-    let fplan = filter_plan(be, g);
+    let fplan = match filter_plan(be, g) {
+        FilterPlan::Vec(f) => Some(f),
+        FilterPlan::Gemm { .. } => None,
+    };
     let dplan = match (&dx, &fplan) {
-        (Some(_), FilterPlan::Rows { .. } | FilterPlan::ChannelsLast { .. }) => {
-            data_channels_last(be, g).filter(|d| d.half == fplan.half())
-        }
+        (Some(_), Some(f)) => data_channels_last(be, g).filter(|d| d.half == f.plan.half),
         _ => None,
     };
-    match (dx, dplan) {
-        (Some(dx), Some(dplan)) => {
+    match (dx, dplan, fplan) {
+        (Some(dx), Some(dplan), Some(fplan)) => {
             let s = data_shape(g, relu_of)?;
             check_len("conv_backward x", x, g.x_len())?;
             check_len("conv_backward dy", dy, g.y_len())?;
@@ -488,7 +491,7 @@ pub(super) fn conv_backward(
             })?;
             conv_backward_bias(be, g, dy, db)
         }
-        (dx, _) => {
+        (dx, _, _) => {
             conv_backward_filter(be, g, x, dy, dw)?;
             conv_backward_bias(be, g, dy, db)?;
             match dx {
