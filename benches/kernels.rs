@@ -9,7 +9,7 @@
 //! Arguments filter by substring. Without a GPU it says so and exits 0.
 
 use anyhow::Result;
-use host::backend::cuda::{CudaBackend, unavailable_reason};
+use host::backend::cuda::{CudaBackend, Elem, unavailable_reason};
 use host::backend::*;
 use host::config::Precision;
 
@@ -266,24 +266,32 @@ fn main() -> Result<()> {
         let len = n * c * hw * hw;
         let src = rand_buf(&b.be, len, 250)?;
         let mut dst = b.be.zeros(len)?;
-        b.run("transpose", name, 0.0, 8.0 * len as f64, |be| {
-            be.transpose(&src, &mut dst, n, c, hw * hw)
-        })?;
-        b.run("transpose_bf16", name, 0.0, 6.0 * len as f64, |be| {
-            be.transpose_bf16(&src, &mut dst, n, c, hw * hw)
-        })?;
+        for (kernel, elem, bytes) in [
+            ("transpose", Elem::F32, 8.0),
+            ("transpose_tf32", Elem::Tf32, 8.0),
+            ("transpose_bf16", Elem::Bf16, 6.0),
+        ] {
+            b.run(kernel, name, 0.0, bytes * len as f64, |be| {
+                be.transpose(&src, &mut dst, [n, c, hw * hw], elem)
+            })?;
+        }
     }
 
     // conv1's input cut into window rows (the row-patch conv path).
     {
         let g = convs[0].1;
         let src = rand_buf(&b.be, g.x_len(), 260)?;
-        for (kernel, rw, half) in [("row_patches", 36, false), ("row_patches_bf16", 40, true)] {
+        for (kernel, rw, elem) in [
+            ("row_patches", 36, Elem::F32),
+            ("row_patches_tf32", 36, Elem::Tf32),
+            ("row_patches_bf16", 40, Elem::Bf16),
+        ] {
             let rg = RowGeom::patches(&g, rw);
             let mut dst = b.be.zeros(rg.len())?;
-            let bytes = 4.0 * rg.src_len() as f64 + if half { 2.0 } else { 4.0 } * rg.len() as f64;
+            let out = if elem == Elem::Bf16 { 2.0 } else { 4.0 };
+            let bytes = 4.0 * rg.src_len() as f64 + out * rg.len() as f64;
             b.run(kernel, &format!("conv1 x rw{rw}"), 0.0, bytes, |be| {
-                be.row_patches(&src, &mut dst, &rg, half)
+                be.row_patches(&src, &mut dst, &rg, elem)
             })?;
         }
     }

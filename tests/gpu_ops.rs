@@ -19,7 +19,7 @@
 
 use anyhow::Result;
 use host::backend::cpu::CpuBackend;
-use host::backend::cuda::{CudaBackend, GemmTiles, unavailable_reason};
+use host::backend::cuda::{CudaBackend, Elem, GemmTiles, unavailable_reason};
 use host::backend::*;
 use host::config::Precision;
 use host::model::Model;
@@ -34,6 +34,8 @@ struct Ctx {
     failures: Vec<String>,
     /// The GEMM engine's tile height forced for the product tests.
     wide: bool,
+    /// Whether 128-row vector products may use their 128×128 variants.
+    big: bool,
     /// Whether the vector engine is on (the product tests run with it on and
     /// off).
     vec: bool,
@@ -198,6 +200,7 @@ fn main() {
         checks: 0,
         failures: vec![],
         wide: false,
+        big: true,
         vec: true,
     };
     let mut errors = 0;
@@ -320,12 +323,22 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
 }
 
 /// Runs a product test in every precision and both GEMM tile heights (64 and
-/// 128 rows), leaving the GPU in fp32 with the automatic tile choice.
+/// 128 rows; the latter with the vector engine's 128×128 variants, then
+/// without: 128×64), leaving the GPU in fp32 with the automatic tile choice.
 fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
     let result = (|| {
-        for (wide, tiles) in [(false, GemmTiles::Narrow), (true, GemmTiles::Wide)] {
+        for (wide, tiles, big) in [
+            (false, GemmTiles::Narrow, true),
+            (true, GemmTiles::Wide, true),
+            (true, GemmTiles::Wide, false),
+        ] {
+            if !big && !c.vec {
+                continue;
+            }
             c.wide = wide;
+            c.big = big;
             c.gpu.set_gemm_tiles(tiles);
+            c.gpu.set_big_tiles(big);
             for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
                 c.gpu.set_precision(p)?;
                 test(c, p)?;
@@ -334,7 +347,9 @@ fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> R
         Ok(())
     })();
     c.wide = false;
+    c.big = true;
     c.gpu.set_gemm_tiles(GemmTiles::Auto);
+    c.gpu.set_big_tiles(true);
     c.gpu.set_precision(Precision::Fp32)?;
     result
 }
@@ -371,7 +386,14 @@ fn label_tol(c: &Ctx, p: Precision) -> (String, f64) {
         " scalar"
     };
     (
-        format!("{name}{}{engine}", if c.wide { " wide" } else { "" }),
+        format!(
+            "{name}{}{engine}",
+            match (c.wide, c.big) {
+                (false, _) => "",
+                (true, true) => " wide",
+                (true, false) => " wide 128x64",
+            }
+        ),
         tol,
     )
 }
@@ -590,6 +612,11 @@ fn conv_backward_bias(c: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
+/// Whether two float arrays hold the same bit patterns.
+fn bits_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 /// `transpose` against its CPU twin, on a destination poisoned first and
 /// longer than needed (the tail must stay untouched).
 fn transpose(c: &mut Ctx) -> Result<()> {
@@ -605,7 +632,7 @@ fn transpose(c: &mut Ctx) -> Result<()> {
         let gsrc = c.gpu.upload(&src)?;
         let mut gdst = c.gpu.poisoned(want.len() + 33)?;
         let before = c.gpu.download(&gdst)?;
-        c.gpu.transpose(&gsrc, &mut gdst, b, r, cols)?;
+        c.gpu.transpose(&gsrc, &mut gdst, [b, r, cols], Elem::F32)?;
         let got = c.gpu.download(&gdst)?;
         c.check("transpose", case, &got[..want.len()], &want, 0.0);
         let tail_kept = got[want.len()..]
@@ -619,11 +646,25 @@ fn transpose(c: &mut Ctx) -> Result<()> {
             &[1.0],
             0.0,
         );
+        // TF32: the same values rounded, bit for bit.
+        let want32 = host::backend::cpu::layout::transpose_tf32(&src, b, r, cols);
+        let mut gdst = c.gpu.poisoned(want32.len())?;
+        c.gpu
+            .transpose(&gsrc, &mut gdst, [b, r, cols], Elem::Tf32)?;
+        let got = c.gpu.download(&gdst)?;
+        c.check(
+            "transpose_tf32",
+            &format!("{case} bitwise"),
+            &[bits_equal(&got, &want32) as u8 as f32],
+            &[1.0],
+            0.0,
+        );
         // bf16 storage: each float of the destination holds two bf16
         // values, the first in its low half; must match bit for bit.
         let want16 = host::backend::cpu::layout::transpose_bf16(&src, b, r, cols);
         let mut gdst = c.gpu.poisoned(want16.len().div_ceil(2))?;
-        c.gpu.transpose_bf16(&gsrc, &mut gdst, b, r, cols)?;
+        c.gpu
+            .transpose(&gsrc, &mut gdst, [b, r, cols], Elem::Bf16)?;
         let words = c.gpu.download(&gdst)?;
         let got16: Vec<u16> = words
             .iter()
@@ -642,8 +683,8 @@ fn transpose(c: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// `row_patches` (fp32, exact) and `row_patches_bf16` (bit for bit)
-/// against their CPU twins, on poisoned destinations, for a convolution's
+/// `row_patches` (fp32, exact), `row_patches_tf32` and `row_patches_bf16`
+/// (bit for bit) against their CPU twins, on poisoned destinations, for a convolution's
 /// input and its filter bank.
 fn row_patches(c: &mut Ctx) -> Result<()> {
     let conv =
@@ -670,12 +711,23 @@ fn row_patches(c: &mut Ctx) -> Result<()> {
             let want = host::backend::cpu::layout::row_patches(&src, &rg);
             let gsrc = c.gpu.upload(&src)?;
             let mut gdst = c.gpu.poisoned(want.len())?;
-            c.gpu.row_patches(&gsrc, &mut gdst, &rg, false)?;
+            c.gpu.row_patches(&gsrc, &mut gdst, &rg, Elem::F32)?;
             let got = c.gpu.download(&gdst)?;
             c.check("row_patches", &format!("{case} {what}"), &got, &want, 0.0);
+            let want32 = host::backend::cpu::layout::row_patches_tf32(&src, &rg);
+            let mut gdst = c.gpu.poisoned(want32.len())?;
+            c.gpu.row_patches(&gsrc, &mut gdst, &rg, Elem::Tf32)?;
+            let got = c.gpu.download(&gdst)?;
+            c.check(
+                "row_patches_tf32",
+                &format!("{case} {what} bitwise"),
+                &[bits_equal(&got, &want32) as u8 as f32],
+                &[1.0],
+                0.0,
+            );
             let want16 = host::backend::cpu::layout::row_patches_bf16(&src, &rg);
             let mut gdst = c.gpu.poisoned(want16.len().div_ceil(2))?;
-            c.gpu.row_patches(&gsrc, &mut gdst, &rg, true)?;
+            c.gpu.row_patches(&gsrc, &mut gdst, &rg, Elem::Bf16)?;
             let got16: Vec<u16> = c
                 .gpu
                 .download(&gdst)?

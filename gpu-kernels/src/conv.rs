@@ -17,7 +17,7 @@
 
 use crate::device::{bdim_x, bid_x, bid_y, bid_z, block_sum, shared, tid_x};
 use crate::gemm::{
-    BK, Epilogue, Operand, SLOT_STRIDE, Strided, VStrided, VecOperand, elem_at, gemm_kernels,
+    BK, Epilogue, TF32_ROUNDED, Operand, SLOT_STRIDE, Strided, VStrided, VecOperand, elem_at, gemm_kernels,
     gemm_tile, gemm_tile_v, split_range, vbk, vlen,
 };
 
@@ -813,7 +813,7 @@ unsafe fn conv_forward_nhwc16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(conv_forward_nhwc_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
-    conv_forward_nhwc_tf32: TF32, 0; conv_forward_nhwc_bf16: BF16, 0; conv_forward_nhwc_tf32_wide: TF32, 1; conv_forward_nhwc_bf16_wide: BF16, 1);
+    conv_forward_nhwc_tf32: TF32_ROUNDED, 0; conv_forward_nhwc_bf16: BF16, 0; conv_forward_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_forward_nhwc_tf32_big: TF32_ROUNDED, 2; conv_forward_nhwc_bf16_wide: BF16, 1);
 gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_nhwc16_bf16: BF16, 0; conv_forward_nhwc16_bf16_big: BF16, 2);
 
@@ -928,7 +928,7 @@ unsafe fn conv_backward_data_nhwc16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(conv_backward_data_nhwc_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
-    conv_backward_data_nhwc_tf32: TF32, 0; conv_backward_data_nhwc_bf16: BF16, 0; conv_backward_data_nhwc_tf32_wide: TF32, 1; conv_backward_data_nhwc_bf16_wide: BF16, 1);
+    conv_backward_data_nhwc_tf32: TF32_ROUNDED, 0; conv_backward_data_nhwc_bf16: BF16, 0; conv_backward_data_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_backward_data_nhwc_tf32_big: TF32_ROUNDED, 2; conv_backward_data_nhwc_bf16_wide: BF16, 1);
 gemm_kernels!(conv_backward_data_nhwc16_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
     conv_backward_data_nhwc16_bf16: BF16, 0; conv_backward_data_nhwc16_bf16_big: BF16, 2);
 
@@ -1077,7 +1077,7 @@ unsafe fn conv_backward_filter_nhwc16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(conv_backward_filter_nhwc_impl (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
-    conv_backward_filter_nhwc_tf32: TF32, 0; conv_backward_filter_nhwc_bf16: BF16, 0; conv_backward_filter_nhwc_tf32_wide: TF32, 1; conv_backward_filter_nhwc_bf16_wide: BF16, 1);
+    conv_backward_filter_nhwc_tf32: TF32_ROUNDED, 0; conv_backward_filter_nhwc_bf16: BF16, 0; conv_backward_filter_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_backward_filter_nhwc_bf16_wide: BF16, 1);
 gemm_kernels!(conv_backward_filter_nhwc16_impl (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
     conv_backward_filter_nhwc16_bf16: BF16, 0; conv_backward_filter_nhwc16_bf16_wide: BF16, 1);
 
@@ -1211,7 +1211,7 @@ unsafe fn conv_forward_rows16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(conv_forward_rows_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
-    conv_forward_rows_tf32: TF32, 0; conv_forward_rows_tf32_wide: TF32, 1);
+    conv_forward_rows_tf32: TF32_ROUNDED, 0; conv_forward_rows_tf32_wide: TF32_ROUNDED, 1; conv_forward_rows_tf32_big: TF32_ROUNDED, 2);
 gemm_kernels!(conv_forward_rows16_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_rows16_bf16: BF16, 0; conv_forward_rows16_bf16_big: BF16, 2);
 
@@ -1353,6 +1353,6 @@ unsafe fn conv_backward_filter_rows16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(conv_backward_filter_rows_impl (s: ConvShape, p: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
-    conv_backward_filter_rows_tf32: TF32, 0; conv_backward_filter_rows_tf32_wide: TF32, 1);
+    conv_backward_filter_rows_tf32: TF32_ROUNDED, 0; conv_backward_filter_rows_tf32_wide: TF32_ROUNDED, 1);
 gemm_kernels!(conv_backward_filter_rows16_impl (s: ConvShape, p: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
     conv_backward_filter_rows16_bf16: BF16, 0; conv_backward_filter_rows16_bf16_wide: BF16, 1);

@@ -46,6 +46,11 @@ pub const FP32: u8 = 0;
 pub const TF32: u8 = 1;
 /// `MODE` of [`gemm_tile`]: bf16 tensor cores.
 pub const BF16: u8 = 2;
+/// `MODE` of [`gemm_tile_v`] only: TF32 tensor cores on operands that the
+/// launcher already rounded to TF32 (`layout::transpose_tf32`,
+/// `row_patches_tf32`), so fragments go to the `mma` as loaded, with no
+/// conversion in the inner loop.
+pub const TF32_ROUNDED: u8 = 3;
 
 /// Columns of the C tile.
 pub const BN: u32 = 64;
@@ -1097,8 +1102,14 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const T: u8>(
     let bw = |nj: u32| unsafe { frag_words(B::K_MAJOR, b_s, col0 + 8 * nj, b_stride) };
     let aw = |r: u32| unsafe { frag_words(A::K_MAJOR, a_s, r, a_stride) };
     let b = each_nj::<T, _>(bw);
-    if MODE == TF32 {
-        let tf = |w: u32| to_tf32(f32::from_bits(w));
+    if MODE == TF32 || MODE == TF32_ROUNDED {
+        let tf = |w: u32| {
+            if MODE == TF32 {
+                to_tf32(f32::from_bits(w))
+            } else {
+                w
+            }
+        };
         // k8 step s reads k = 8s + t and 8s + t + 4: words 2s and 2s + 1.
         let bt = b.map(|w| w.map(tf));
         let mut rows = |mi: u32| {

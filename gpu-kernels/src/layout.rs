@@ -1,7 +1,9 @@
 //! Layout changes: `transpose` turns `batches` row-major `rows × cols`
 //! matrices into `cols × rows_out` ones, `dst[b][j][i] = src[b][i][j]`,
 //! zero for `rows ≤ i < rows_out` (padding, e.g. a fourth channel);
-//! `transpose_bf16` does the same and stores bf16 (round to nearest even).
+//! `transpose_bf16` does the same and stores bf16 (round to nearest even),
+//! `transpose_tf32` fp32 rounded to TF32 (nearest, ties away; the low 13
+//! bits zero), the operands of the TF32 products.
 //! The channels-last convolution path uses them for NCHW → NHWC (a matrix
 //! per image: rows = C, cols = H·W) and to reorder the filter bank.
 //!
@@ -11,7 +13,7 @@
 //! along `cols` and writing along `rows`, both coalesced. Grid
 //! (⌈cols/32⌉, ⌈rows_out/32⌉, batches), 32×33 floats of dynamic shared memory.
 //!
-//! `row_patches` (and `row_patches_bf16`) cut an NCHW tensor into the rows of
+//! `row_patches` (and `row_patches_bf16`, `row_patches_tf32`) cut an NCHW tensor into the rows of
 //! a strided convolution's windows, for layers with few channels (conv1):
 //! `dst[b][r][o][j] = src[b][c][r − pad][stride·o − pad + kw]` with
 //! `j = kw·C + c < KW·C`, zero outside the image and for `KW·C ≤ j < rw`
@@ -24,7 +26,7 @@
 //! copies, which need no reordering).
 
 use crate::device::{
-    bid_x, bid_y, bid_z, grid_stride, pack_bf16, shared, sync_threads, tid_x, tid_y,
+    bid_x, bid_y, bid_z, grid_stride, pack_bf16, shared, sync_threads, tid_x, tid_y, to_tf32,
 };
 
 const TILE: u32 = 32;
@@ -71,6 +73,30 @@ impl Store for u16 {
     }
 }
 
+/// fp32 rounded to TF32 (`cvt.rna.tf32.f32`, low 13 bits cleared), stored
+/// as its fp32 bit pattern.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Tf32(u32);
+impl Tf32 {
+    #[inline(always)]
+    fn bits(v: f32) -> u32 {
+        to_tf32(v) & !0x1fff
+    }
+}
+impl Store for Tf32 {
+    const PER_VEC: u32 = 4;
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        Tf32(Self::bits(v))
+    }
+    #[inline(always)]
+    unsafe fn store_vec(dst: *mut Tf32, i: usize, v: [f32; 8]) {
+        let w = [v[0], v[1], v[2], v[3]].map(Self::bits);
+        unsafe { *(dst.add(i) as *mut Vec16) = Vec16(w) };
+    }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn transpose(
     src: *const f32,
@@ -92,6 +118,18 @@ pub unsafe extern "ptx-kernel" fn transpose_bf16(
     rows_out: u32,
 ) {
     unsafe { transpose_any(src, dst, rows, cols, rows_out) }
+}
+
+/// `transpose` rounding to TF32 (`dst` holds fp32 bit patterns).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn transpose_tf32(
+    src: *const f32,
+    dst: *mut f32,
+    rows: u32,
+    cols: u32,
+    rows_out: u32,
+) {
+    unsafe { transpose_any(src, dst as *mut Tf32, rows, cols, rows_out) }
 }
 
 #[inline(always)]
@@ -156,6 +194,12 @@ pub unsafe extern "ptx-kernel" fn row_patches(src: *const f32, dst: *mut f32, g:
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn row_patches_bf16(src: *const f32, dst: *mut u16, g: RowGeom) {
     unsafe { row_patches_any(src, dst, g) }
+}
+
+/// `row_patches` rounding to TF32 (`dst` holds fp32 bit patterns).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn row_patches_tf32(src: *const f32, dst: *mut f32, g: RowGeom) {
+    unsafe { row_patches_any(src, dst as *mut Tf32, g) }
 }
 
 #[inline(always)]

@@ -27,6 +27,15 @@ pub fn transpose_bf16(src: &[f32], batches: usize, rows: usize, cols: usize) -> 
         .collect()
 }
 
+/// `transpose` rounded to TF32 (fp32 bit patterns), the CPU twin of
+/// `transpose_tf32`.
+pub fn transpose_tf32(src: &[f32], batches: usize, rows: usize, cols: usize) -> Vec<f32> {
+    transpose(src, batches, rows, cols)
+        .into_iter()
+        .map(to_tf32)
+        .collect()
+}
+
 /// The CPU twin of `row_patches`: `src` (NCHW, `g.src_len()` floats) cut into
 /// window rows as [`RowGeom`] describes.
 pub fn row_patches(src: &[f32], g: &RowGeom) -> Vec<f32> {
@@ -61,6 +70,11 @@ pub fn row_patches_bf16(src: &[f32], g: &RowGeom) -> Vec<u16> {
     row_patches(src, g).into_iter().map(to_bf16).collect()
 }
 
+/// `row_patches` rounded to TF32, the CPU twin of `row_patches_tf32`.
+pub fn row_patches_tf32(src: &[f32], g: &RowGeom) -> Vec<f32> {
+    row_patches(src, g).into_iter().map(to_tf32).collect()
+}
+
 /// Every value rounded to bf16, the CPU twin of `convert_bf16`.
 pub fn convert_bf16(src: &[f32]) -> Vec<u16> {
     src.iter().copied().map(to_bf16).collect()
@@ -72,9 +86,15 @@ pub fn to_bf16(v: f32) -> u16 {
     ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
 }
 
+/// fp32 rounded to TF32 (10 mantissa bits; to nearest, ties away from
+/// zero, like `cvt.rna.tf32.f32`), the low 13 bits zero (finite values).
+pub fn to_tf32(v: f32) -> f32 {
+    f32::from_bits((v.to_bits() + 0x1000) & !0x1fff)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{row_patches, to_bf16, transpose};
+    use super::{row_patches, to_bf16, to_tf32, transpose};
     use crate::backend::{ConvGeom, RowGeom, cpu::conv::conv_forward};
 
     /// The row-patch form of a convolution gives the same output as the
@@ -136,6 +156,20 @@ mod tests {
         // 1 + 3·2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: to even.
         assert_eq!(to_bf16(1.0 + 3.0 * 2f32.powi(-8)), 0x3f82);
         assert_eq!(to_bf16(-2.5), 0xc020);
+    }
+
+    #[test]
+    fn tf32_rounds_to_nearest_ties_away() {
+        let ulp = 2f32.powi(-10);
+        assert_eq!(to_tf32(1.0), 1.0);
+        assert_eq!(to_tf32(1.0 + 0.49 * ulp), 1.0);
+        assert_eq!(to_tf32(1.0 + 0.51 * ulp), 1.0 + ulp);
+        // Halfway: away from zero, for either sign.
+        assert_eq!(to_tf32(1.0 + 0.5 * ulp), 1.0 + ulp);
+        assert_eq!(to_tf32(-(1.0 + 0.5 * ulp)), -(1.0 + ulp));
+        // A carry into the exponent.
+        assert_eq!(to_tf32(2.0 - 0.25 * ulp), 2.0);
+        assert_eq!(to_tf32(3.3).to_bits() & 0x1fff, 0);
     }
 
     #[test]

@@ -26,7 +26,7 @@
 //! `splitk_reduce` adds them in a fixed order, keeping results deterministic.
 
 use super::gemm::{VecTile, grid, tiles, vec_cfg};
-use super::layout::{row_patches, transpose};
+use super::layout::{Elem, row_patches, transpose};
 use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
 use crate::backend::{ConvGeom, RowGeom};
 use anyhow::Result;
@@ -233,18 +233,19 @@ fn channels_last(
     {
         return Some((k, true, tile));
     }
-    let tile = VecTile::of(wide);
-    be.vec_kernel(&format!("{base}_nhwc"), fits[0], tile)
-        .map(|k| (k, false, tile))
+    if !fits[0] {
+        return None;
+    }
+    vec_tiled(be, &format!("{base}_nhwc"), wide).map(|(k, tile)| (k, false, tile))
 }
 
 /// Vector kernel `base` (see `vec_kernel`) and its tile shape: where 128-row
 /// tiles are chosen, the 128×128 `_big` variant if `base` has one (the
-/// bf16-operand forward and data-gradient products: faster than 128×64 on
-/// the H200, while the weight gradients and TF32 are faster at 128×64),
+/// forward and data-gradient products: faster than 128×64 on the H200,
+/// while the weight gradients are faster at 128×64) and big tiles are on,
 /// else the 128×64 one.
 fn vec_tiled(be: &CudaBackend, base: &str, wide: bool) -> Option<(&'static str, VecTile)> {
-    let big = wide
+    let big = (wide && be.big_tiles)
         .then(|| be.vec_kernel(base, true, VecTile::Big))
         .flatten();
     big.map(|k| (k, VecTile::Big)).or_else(|| {
@@ -277,8 +278,21 @@ fn row_path(
     Some((name, half, rw, tile))
 }
 
+/// How the vector kernels' operand copies are stored: bf16 when `half`;
+/// else, in TF32, fp32 rounded to TF32 (the `_tf32` vector kernels are built
+/// to feed their fragments to the tensor cores unconverted); else fp32.
+fn operand_elem(be: &CudaBackend, half: bool) -> Elem {
+    if half {
+        Elem::Bf16
+    } else if be.precision == crate::config::Precision::Tf32 {
+        Elem::Tf32
+    } else {
+        Elem::F32
+    }
+}
+
 /// Runs `f` with `src` cut into window rows (`row_patches`, see
-/// [`RowGeom`]) in scratch `slot`, as fp32 or (`half`) bf16.
+/// [`RowGeom`]) in scratch `slot`, stored as `operand_elem` says.
 fn cut_rows<R>(
     be: &CudaBackend,
     slot: Scratch,
@@ -287,9 +301,9 @@ fn cut_rows<R>(
     half: bool,
     f: impl FnOnce(&CudaSlice<f32>) -> Result<R>,
 ) -> Result<R> {
-    let floats = if half { g.len().div_ceil(2) } else { g.len() };
-    be.with_scratch(slot, floats, |t| {
-        row_patches(be, src, t, g, half)?;
+    let elem = operand_elem(be, half);
+    be.with_scratch(slot, elem.floats(g.len()), |t| {
+        row_patches(be, src, t, g, elem)?;
         f(t)
     })
 }
@@ -308,8 +322,8 @@ fn dy_nhwc<R>(
 }
 
 /// Runs `f` with `src` transposed per matrix (`[batches, rows, cols]` →
-/// `[batches, cols, rows_out]`, zero-padded rows) into scratch `slot`, as
-/// fp32 or (`half`) bf16.
+/// `[batches, cols, rows_out]`, zero-padded rows) into scratch `slot`,
+/// stored as `operand_elem` says.
 fn relayout<R>(
     be: &CudaBackend,
     slot: Scratch,
@@ -319,10 +333,9 @@ fn relayout<R>(
     half: bool,
     f: impl FnOnce(&CudaSlice<f32>) -> Result<R>,
 ) -> Result<R> {
-    let len = dims[0] * rows_out * dims[2];
-    let floats = if half { len.div_ceil(2) } else { len };
-    be.with_scratch(slot, floats, |t| {
-        transpose(be, src, t, dims, rows_out, half)?;
+    let elem = operand_elem(be, half);
+    be.with_scratch(slot, elem.floats(dims[0] * rows_out * dims[2]), |t| {
+        transpose(be, src, t, dims, rows_out, elem)?;
         f(t)
     })
 }

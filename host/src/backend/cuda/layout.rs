@@ -1,8 +1,8 @@
-//! Launchers for `transpose` and `transpose_bf16` (32×32 tiles through
-//! shared memory, one 32×8 block per tile, grid z over the batch of
-//! matrices), `row_patches` / `row_patches_bf16` (a thread per 16 bytes of
-//! output, 1-D grid-stride) and `convert_bf16` (a thread per 8 elements,
-//! 1-D grid-stride).
+//! Launchers for `transpose` / `transpose_tf32` / `transpose_bf16` (32×32
+//! tiles through shared memory, one 32×8 block per tile, grid z over the
+//! batch of matrices), `row_patches` / `row_patches_tf32` /
+//! `row_patches_bf16` (a thread per 16 bytes of output, 1-D grid-stride)
+//! and `convert_bf16` (a thread per 8 elements, 1-D grid-stride).
 
 use super::{CudaBackend, Scratch, grid_1d, launch};
 use crate::backend::RowGeom;
@@ -27,18 +27,42 @@ struct RowShape {
 
 unsafe impl DeviceRepr for RowShape {}
 
+/// How a layout kernel stores its output: fp32 as is, fp32 rounded to TF32
+/// (the operands of the TF32 vector kernels, which feed them to the tensor
+/// cores unconverted), or bf16 (raw storage, two values per float).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    Tf32,
+    Bf16,
+}
+
+impl Elem {
+    /// Floats of storage for `len` values.
+    pub fn floats(self, len: usize) -> usize {
+        if self == Elem::Bf16 {
+            len.div_ceil(2)
+        } else {
+            len
+        }
+    }
+    /// Values per 16-byte vector.
+    fn per_vec(self) -> usize {
+        if self == Elem::Bf16 { 8 } else { 4 }
+    }
+}
+
 /// `src` cut into window rows as `g` describes (see [`RowGeom`]), stored as
-/// fp32 or, when `half`, bf16 (`dst` is then raw storage: two values per
-/// float); `dst` may be longer than needed.
+/// `elem`; `dst` may be longer than needed.
 pub(super) fn row_patches(
     be: &CudaBackend,
     src: &CudaSlice<f32>,
     dst: &mut CudaSlice<f32>,
     g: &RowGeom,
-    half: bool,
+    elem: Elem,
 ) -> Result<()> {
-    let out_floats = if half { g.len().div_ceil(2) } else { g.len() };
-    let per = if half { 8 } else { 4 };
+    let out_floats = elem.floats(g.len());
+    let per = elem.per_vec();
     ensure!(
         g.rw >= g.kw * g.c
             && g.rw.is_multiple_of(per)
@@ -71,10 +95,10 @@ pub(super) fn row_patches(
         g.len() + step * per < u32::MAX as usize,
         "row_patches: {g:?} has too many elements for 32-bit indexing"
     );
-    let name = if half {
-        "row_patches_bf16"
-    } else {
-        "row_patches"
+    let name = match elem {
+        Elem::F32 => "row_patches",
+        Elem::Tf32 => "row_patches_tf32",
+        Elem::Bf16 => "row_patches_bf16",
     };
     launch!(be, name, cfg, || format!("{g:?}"); src, dst, &shape)
 }
@@ -82,18 +106,17 @@ pub(super) fn row_patches(
 /// `dst[b][j][i] = src[b][i][j]` for `batches` row-major `rows × cols`
 /// matrices at the start of `src` and `dst` (which may be longer), each
 /// output row padded with zeros to `rows_out` ≥ `rows` elements; stored as
-/// fp32, or as bf16 when `half` (`dst` is then raw storage: two values per
-/// float).
+/// `elem`.
 pub(super) fn transpose(
     be: &CudaBackend,
     src: &CudaSlice<f32>,
     dst: &mut CudaSlice<f32>,
     [batches, rows, cols]: [usize; 3],
     rows_out: usize,
-    half: bool,
+    elem: Elem,
 ) -> Result<()> {
     let (len, out) = (batches * rows * cols, batches * rows_out * cols);
-    let out_floats = if half { out.div_ceil(2) } else { out };
+    let out_floats = elem.floats(out);
     ensure!(
         rows_out >= rows && src.len() >= len && dst.len() >= out_floats,
         "transpose: {batches}×{rows}×{cols} (rows padded to {rows_out}) needs {len} floats in and {out_floats} out, buffers hold {} and {}",
@@ -114,7 +137,11 @@ pub(super) fn transpose(
         shared_mem_bytes: 32 * 33 * 4,
     };
     let (r, c, ro) = (rows as u32, cols as u32, rows_out as u32);
-    let name = if half { "transpose_bf16" } else { "transpose" };
+    let name = match elem {
+        Elem::F32 => "transpose",
+        Elem::Tf32 => "transpose_tf32",
+        Elem::Bf16 => "transpose_bf16",
+    };
     launch!(be, name, cfg, || format!("{batches}x{rows}x{cols} -> {rows_out}"); src, dst, &r, &c, &ro)
 }
 

@@ -15,6 +15,7 @@ mod copy;
 mod dropout;
 mod gemm;
 mod layout;
+pub use layout::Elem;
 mod loss;
 mod lrn;
 mod optimizer;
@@ -64,8 +65,10 @@ const KERNELS: &[&str] = &[
     "conv_backward_filter_nhwc_tf32_wide",
     "conv_backward_filter_nhwc_bf16_wide",
     "transpose",
+    "transpose_tf32",
     "transpose_bf16",
     "row_patches",
+    "row_patches_tf32",
     "row_patches_bf16",
     "convert_bf16",
     "conv_forward_rows_tf32",
@@ -74,6 +77,9 @@ const KERNELS: &[&str] = &[
     "conv_forward_rows16_bf16_big",
     "conv_forward_nhwc16_bf16_big",
     "conv_backward_data_nhwc16_bf16_big",
+    "conv_forward_nhwc_tf32_big",
+    "conv_backward_data_nhwc_tf32_big",
+    "conv_forward_rows_tf32_big",
     "conv_backward_filter_rows_tf32",
     "conv_backward_filter_rows_tf32_wide",
     "conv_backward_filter_rows16_bf16",
@@ -231,6 +237,10 @@ pub struct CudaBackend {
     /// where the kernels take the shapes (`ALEXNET_FUSE_LRN_POOL=0` runs
     /// them separately; benchmarks).
     fuse_lrn_pool: bool,
+    /// Whether vector-engine products that have a 128×128 variant use it
+    /// where 128-row tiles are chosen (`ALEXNET_BIG_TILES=0` keeps 128×64;
+    /// benchmarks).
+    big_tiles: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
     scratch: [Mutex<Option<CudaSlice<f32>>>; 3],
@@ -333,6 +343,7 @@ impl CudaBackend {
             vec_engine: std::env::var("ALEXNET_VEC_ENGINE").map_or(true, |v| v != "0"),
             bf16_operands: std::env::var("ALEXNET_BF16_OPERANDS").map_or(true, |v| v != "0"),
             fuse_lrn_pool: std::env::var("ALEXNET_FUSE_LRN_POOL").map_or(true, |v| v != "0"),
+            big_tiles: std::env::var("ALEXNET_BIG_TILES").map_or(true, |v| v != "0"),
             scratch: Default::default(),
         })
     }
@@ -367,6 +378,12 @@ impl CudaBackend {
     /// products) on or off.
     pub fn set_vec_engine(&mut self, on: bool) {
         self.vec_engine = on;
+    }
+
+    /// Whether 128-row vector-engine products use their 128×128 variants
+    /// where they have one (default) or stay at 128×64.
+    pub fn set_big_tiles(&mut self, on: bool) {
+        self.big_tiles = on;
     }
 
     /// The vector-engine kernel `{base}_{tf32|bf16}{tile suffix}` when the
@@ -503,16 +520,16 @@ impl CudaBackend {
         self.bf16_operands = on;
     }
 
-    /// `row_patches` (fp32) or `row_patches_bf16` (`half`: raw bf16 storage)
-    /// of `src` into `dst` (see [`RowGeom`]).
+    /// `row_patches`, `row_patches_tf32` or `row_patches_bf16` (as `elem`
+    /// says) of `src` into `dst` (see [`RowGeom`]).
     pub fn row_patches(
         &self,
         src: &CudaSlice<f32>,
         dst: &mut CudaSlice<f32>,
         g: &crate::backend::RowGeom,
-        half: bool,
+        elem: Elem,
     ) -> Result<()> {
-        layout::row_patches(self, src, dst, g, half)
+        layout::row_patches(self, src, dst, g, elem)
     }
 
     /// `src` rounded to bf16 into `dst` (raw storage, two values per float).
@@ -520,29 +537,17 @@ impl CudaBackend {
         layout::convert_bf16(self, src, dst)
     }
 
-    /// `transpose` into raw bf16 storage (see the kernel).
-    pub fn transpose_bf16(
-        &self,
-        src: &CudaSlice<f32>,
-        dst: &mut CudaSlice<f32>,
-        batches: usize,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
-        layout::transpose(self, src, dst, [batches, rows, cols], rows, true)
-    }
-
     /// `dst[b][j][i] = src[b][i][j]` for `batches` row-major `rows × cols`
-    /// matrices (the `transpose` kernel; `dst` may be longer than needed).
+    /// matrices, stored as `elem` (the `transpose`, `transpose_tf32` and
+    /// `transpose_bf16` kernels; `dst` may be longer than needed).
     pub fn transpose(
         &self,
         src: &CudaSlice<f32>,
         dst: &mut CudaSlice<f32>,
-        batches: usize,
-        rows: usize,
-        cols: usize,
+        [batches, rows, cols]: [usize; 3],
+        elem: Elem,
     ) -> Result<()> {
-        layout::transpose(self, src, dst, [batches, rows, cols], rows, false)
+        layout::transpose(self, src, dst, [batches, rows, cols], rows, elem)
     }
 }
 
