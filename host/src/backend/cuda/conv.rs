@@ -97,7 +97,7 @@ pub(super) fn conv_forward(
     );
     let what = || format!("{g:?}");
     let (cg, kk) = (g.c_in / g.groups, g.k_h * g.k_w);
-    if let Some((name, half, rw, tile)) = row_path(be, g, "conv_forward", wide) {
+    if let Some((name, half, rw, tile)) = row_path(be, g, "conv_forward", wide, cfg.grid_dim) {
         let (pg, wg) = (RowGeom::patches(g, rw), RowGeom::filters(g, rw));
         return cut_rows(be, Scratch::X, x, &pg, half, |p| {
             cut_rows(
@@ -111,7 +111,7 @@ pub(super) fn conv_forward(
         });
     }
     let fits = [cg.is_multiple_of(4), cg.is_multiple_of(8)];
-    if let Some((name, half, tile)) = channels_last(be, "conv_forward", fits, wide) {
+    if let Some((name, half, tile)) = channels_last(be, "conv_forward", fits, wide, cfg.grid_dim) {
         let x_dims = [g.n, g.c_in, g.h * g.w];
         return relayout(be, Scratch::X, x, x_dims, g.c_in, half, |xt| {
             relayout(
@@ -181,7 +181,7 @@ fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
     let (cg, fg) = (g.c_in / g.groups, g.c_out / g.groups);
     let (cfg, wide) = tiles(be, cg, g.n * g.h * g.w, g.groups);
     let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
-    let (name, half, tile) = channels_last(be, "conv_backward_data", fits, wide)?;
+    let (name, half, tile) = channels_last(be, "conv_backward_data", fits, wide, cfg.grid_dim)?;
     Some(VecPlan {
         name,
         half,
@@ -220,38 +220,61 @@ fn data_from_nhwc(
 /// The channels-last kernel for product `base`, whether it reads bf16
 /// operands, and its tile shape: `{base}_nhwc16_bf16` in bf16 where
 /// `fits[1]` (and bf16 operands are on), else `{base}_nhwc_{tf32|bf16}`
-/// where `fits[0]`.
+/// where `fits[0]`; `grid` as `vec_tiled` takes it.
 fn channels_last(
     be: &CudaBackend,
     base: &str,
     fits: [bool; 2],
     wide: bool,
+    grid: (u32, u32, u32),
 ) -> Option<(&'static str, bool, VecTile)> {
     if fits[1]
         && be.bf16_operands
-        && let Some((k, tile)) = vec_tiled(be, &format!("{base}_nhwc16"), wide)
+        && let Some((k, tile)) = vec_tiled(be, &format!("{base}_nhwc16"), wide, grid)
     {
         return Some((k, true, tile));
     }
     if !fits[0] {
         return None;
     }
-    vec_tiled(be, &format!("{base}_nhwc"), wide).map(|(k, tile)| (k, false, tile))
+    vec_tiled(be, &format!("{base}_nhwc"), wide, grid).map(|(k, tile)| (k, false, tile))
 }
 
-/// Vector kernel `base` (see `vec_kernel`) and its tile shape: where 128-row
-/// tiles are chosen, the 128×128 `_big` variant if `base` has one (the
-/// forward and data-gradient products: faster than 128×64 on the H200,
-/// while the weight gradients are faster at 128×64) and big tiles are on,
-/// else the 128×64 one.
-fn vec_tiled(be: &CudaBackend, base: &str, wide: bool) -> Option<(&'static str, VecTile)> {
+/// Vector kernel `base` (see `vec_kernel`) and its tile shape. Where
+/// 128-row tiles are chosen: the 128×128 `_big` variant if `base` has one
+/// and big tiles are on, unless `base` also has a 128×64 one that fills the
+/// GPU's waves better for `grid` (the launch grid in 128×64 tiles; e.g.
+/// conv5's forward makes 338 blocks of 128×128 at two per SM, 1.3 waves,
+/// against 676 of 128×64 at three per SM, 1.7); else the 128×64 one.
+fn vec_tiled(
+    be: &CudaBackend,
+    base: &str,
+    wide: bool,
+    grid: (u32, u32, u32),
+) -> Option<(&'static str, VecTile)> {
+    let tile = VecTile::of(wide);
+    let plain = be.vec_kernel(base, true, tile);
     let big = (wide && be.big_tiles)
         .then(|| be.vec_kernel(base, true, VecTile::Big))
         .flatten();
-    big.map(|k| (k, VecTile::Big)).or_else(|| {
-        let tile = VecTile::of(wide);
-        be.vec_kernel(base, true, tile).map(|k| (k, tile))
-    })
+    match (big, plain) {
+        (Some(b), Some(w)) => {
+            let (gx, gy, gz) = grid;
+            let blocks_w = gx as usize * gy as usize * gz as usize;
+            let blocks_b = gx.div_ceil(2) as usize * gy as usize * gz as usize;
+            // Busy fraction of the block slots over the launch's waves.
+            let fill =
+                |blocks: usize, wave: usize| blocks as f64 / (blocks.div_ceil(wave) * wave) as f64;
+            if fill(blocks_b, be.wave(b)) + 0.02 >= fill(blocks_w, be.wave(w)) {
+                Some((b, VecTile::Big))
+            } else {
+                Some((w, tile))
+            }
+        }
+        (Some(b), None) => Some((b, VecTile::Big)),
+        (None, Some(w)) => Some((w, tile)),
+        (None, None) => None,
+    }
 }
 
 /// The row-patch kernel for product `base` (`{base}_rows_tf32` in TF32,
@@ -264,6 +287,7 @@ fn row_path(
     g: &ConvGeom,
     base: &str,
     wide: bool,
+    grid: (u32, u32, u32),
 ) -> Option<(&'static str, bool, usize, VecTile)> {
     if g.groups != 1 || g.c_in.is_multiple_of(4) {
         return None;
@@ -273,6 +297,7 @@ fn row_path(
         be,
         &format!("{base}_rows{}", if half { "16" } else { "" }),
         wide,
+        grid,
     )?;
     let rw = (g.k_w * g.c_in).next_multiple_of(if half { 8 } else { 4 });
     Some((name, half, rw, tile))
@@ -400,7 +425,7 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
     let n_len = (g.c_in / g.groups) * g.k_h * g.k_w;
     let cfg = grid(m, n_len, g.groups * splits as usize, wide);
     let cg = g.c_in / g.groups;
-    let rows = row_path(be, g, "conv_backward_filter", wide)
+    let rows = row_path(be, g, "conv_backward_filter", wide, cfg.grid_dim)
         .filter(|&(_, half, _, _)| m.is_multiple_of(if half { 8 } else { 4 }));
     if let Some((name, half, rw, tile)) = rows {
         let cfg = vec_cfg(grid(m, g.k_h * rw, splits as usize, wide), tile);
@@ -415,7 +440,9 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
         cg.is_multiple_of(4) && m.is_multiple_of(4),
         cg.is_multiple_of(8) && m.is_multiple_of(8),
     ];
-    if let Some((name, half, tile)) = channels_last(be, "conv_backward_filter", fits, wide) {
+    if let Some((name, half, tile)) =
+        channels_last(be, "conv_backward_filter", fits, wide, cfg.grid_dim)
+    {
         let plan = VecPlan {
             name,
             half,

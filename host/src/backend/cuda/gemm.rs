@@ -59,6 +59,16 @@ impl VecTile {
     pub(super) fn of(wide: bool) -> Self {
         if wide { VecTile::Wide } else { VecTile::Narrow }
     }
+    /// The shape of vector kernel `name`, from its suffix.
+    pub(super) fn of_name(name: &str) -> Self {
+        if name.ends_with("_big") {
+            VecTile::Big
+        } else if name.ends_with("_wide") {
+            VecTile::Wide
+        } else {
+            VecTile::Narrow
+        }
+    }
     /// The kernel-name suffix of the shape.
     pub(super) fn suffix(self) -> &'static str {
         match self {

@@ -214,6 +214,9 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     _module: Arc<CudaModule>,
     funcs: HashMap<&'static str, CudaFunction>,
+    /// Blocks of each vector-engine kernel that fit on one SM at once (the
+    /// driver's occupancy for its launch shape).
+    resident: HashMap<&'static str, u32>,
     sm_count: u32,
     sync_each_launch: bool,
     /// Scratch for split-K partial sums, grown on demand (stream-ordered reuse).
@@ -306,6 +309,7 @@ impl CudaBackend {
                 )
             })?;
         let mut funcs = HashMap::new();
+        let mut resident = HashMap::new();
         for &name in KERNELS {
             let f = module
                 .load_function(name)
@@ -316,6 +320,16 @@ impl CudaBackend {
                     gemm::VEC_SHARED_MAX,
                 )
                 .map_err(|e| anyhow!("allowing {name} its shared memory failed: {e}"))?;
+                let cfg =
+                    gemm::vec_cfg(LaunchConfig::for_num_elems(1), gemm::VecTile::of_name(name));
+                let blocks = f
+                    .occupancy_max_active_blocks_per_multiprocessor(
+                        cfg.block_dim.0,
+                        cfg.shared_mem_bytes as usize,
+                        None,
+                    )
+                    .map_err(|e| anyhow!("occupancy of {name}: {e}"))?;
+                resident.insert(name, blocks.max(1));
             }
             funcs.insert(name, f);
         }
@@ -328,6 +342,7 @@ impl CudaBackend {
             stream,
             _module: module,
             funcs,
+            resident,
             sm_count,
             sync_each_launch: std::env::var("ALEXNET_SYNC_LAUNCHES").is_ok_and(|v| v == "1"),
             workspace: Mutex::new(None),
@@ -444,6 +459,11 @@ impl CudaBackend {
             Precision::Bf16 => 2,
         };
         names[i + if wide { 3 } else { 0 }]
+    }
+
+    /// Blocks of vector kernel `name` the whole GPU runs at once.
+    fn wave(&self, name: &str) -> usize {
+        self.resident.get(name).copied().unwrap_or(1) as usize * self.sm_count() as usize
     }
 
     fn func(&self, name: &'static str) -> &CudaFunction {
