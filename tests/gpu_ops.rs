@@ -36,6 +36,8 @@ struct Ctx {
     wide: bool,
     /// Whether 128-row vector products may use their 128×128 variants.
     big: bool,
+    /// Whether bf16 vector products read bf16 operand copies.
+    bf16_operands: bool,
     /// Whether the vector engine is on (the product tests run with it on and
     /// off).
     vec: bool,
@@ -201,6 +203,7 @@ fn main() {
         failures: vec![],
         wide: false,
         big: true,
+        bf16_operands: true,
         vec: true,
     };
     let mut errors = 0;
@@ -339,10 +342,24 @@ fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> R
             c.big = big;
             c.gpu.set_gemm_tiles(tiles);
             c.gpu.set_big_tiles(big);
-            for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+            // bf16 twice on the vector engine: with bf16 operand copies and
+            // on fp32 ones (converted as fragments are read).
+            for (p, ops16) in [
+                (Precision::Fp32, true),
+                (Precision::Tf32, true),
+                (Precision::Bf16, true),
+                (Precision::Bf16, false),
+            ] {
+                if !ops16 && !c.vec {
+                    continue;
+                }
+                c.bf16_operands = ops16;
+                c.gpu.set_bf16_operands(ops16);
                 c.gpu.set_precision(p)?;
                 test(c, p)?;
             }
+            c.bf16_operands = true;
+            c.gpu.set_bf16_operands(true);
         }
         Ok(())
     })();
@@ -380,10 +397,12 @@ fn label_tol(c: &Ctx, p: Precision) -> (String, f64) {
         Precision::Tf32 => (" tf32", 1e-3),
         Precision::Bf16 => (" bf16", 1e-2),
     };
-    let engine = if c.vec || p == Precision::Fp32 {
-        ""
-    } else {
+    let engine = if !(c.vec || p == Precision::Fp32) {
         " scalar"
+    } else if !c.bf16_operands {
+        " fp32-operands"
+    } else {
+        ""
     };
     (
         format!(

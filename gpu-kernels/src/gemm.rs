@@ -819,10 +819,24 @@ pub const fn vbk(half: bool) -> u32 {
 pub const fn vlen(half: bool) -> u32 {
     if half { 8 } else { 4 }
 }
-/// Bytes between k rows of a row-major (`[k][row]`) tile of `rows`: padded
-/// by 16 bytes so fragment reads spread over the banks.
+/// Bytes between k rows of a row-major (`[k][row]`) tile of `rows`: bf16
+/// rows padded by 16 bytes so `ldmatrix.trans` reads spread over the banks;
+/// fp32 rows unpadded, their 16-byte chunks swizzled instead (see
+/// [`rm_swizzle`]).
 const fn rm_stride(half: bool, rows: u32) -> u32 {
-    if half { (rows + 8) * 2 } else { (rows + 4) * 4 }
+    if half { (rows + 8) * 2 } else { rows * 4 }
+}
+
+/// The XOR applied to the 16-byte chunk index of k row `k` in an fp32
+/// row-major tile of `rows` (64 or 128). A lane reads `q = rows / 64` whole
+/// chunks per k row (see [`rm_words`]); the eight lanes of one 16-byte-load
+/// phase, (g, t) ∈ {0, 1} × {0..3}, then hit eight distinct bank groups:
+/// chunks `q·g + i` XOR `{0, 2, 4, 6}` (q = 1) or `{0, 1, 4, 5}` (q = 2)
+/// over t = k mod 4.
+#[inline(always)]
+fn rm_swizzle(rows: u32, k: u32) -> u32 {
+    let t = k % 4;
+    if rows == 64 { 2 * t } else { (t & 1) | ((t & 2) << 1) }
 }
 /// Bytes of one stage of the vector engine: an A tile of `vbm(t)` rows and
 /// a B tile of `vbn(t)`, each sized for the K-major layout (the larger
@@ -894,7 +908,9 @@ pub trait VecOperand {
 ///
 /// fp32 storage: fragments of a K-major tile come from `ldmatrix` (one `x4`
 /// is a TF32 A fragment, 16 rows × 8 k, or a B fragment pair, 8 columns ×
-/// 16 k), those of a row-major one from scalar loads. For bf16, k is
+/// 16 k), those of a row-major one from 16-byte loads of a swizzled tile,
+/// the rows (columns) of the warp's 16×8 blocks interleaved so that each
+/// lane's words are contiguous ([`rm_words`]). For bf16, k is
 /// permuted inside each 16-deep tile, the same way for A and B (so the
 /// products are unchanged): the register the `mma` reads as k `(2t, 2t+1)`
 /// holds k `(t, t+4)` and `(2t+8, 2t+9)` holds `(t+8, t+12)`, which is what
@@ -935,8 +951,10 @@ pub unsafe fn gemm_tile_v<
             let st = rm_stride(HALF, rows);
             let per_k = rows / vlen(HALF);
             let (k, r) = (tid / per_k, vlen(HALF) * (tid % per_k));
+            // Slots lie dk = 4 or 8 k rows apart: the same swizzle.
             let dk = VTHREADS / per_k;
-            (k, r, k * st + 16 / vlen(HALF) * r, dk, 0, dk * st)
+            let chunk = if HALF { tid % per_k } else { (tid % per_k) ^ rm_swizzle(rows, k) };
+            (k, r, k * st + 16 * chunk, dk, 0, dk * st)
         }
     };
     let (a_k, a_i, a_dst, a_dk, a_di, a_slot) = place(A::K_MAJOR, vbm(T));
@@ -1015,7 +1033,7 @@ pub unsafe fn gemm_tile_v<
         if p >= (vbm(T) / 32) * vnj(T) as u32 {
             return;
         }
-        let (mi, ni) = vtc_coord::<T>(tid, p, v);
+        let (mi, ni) = vtc_coord::<T>(tid, p, v, !HALF && !A::K_MAJOR, !HALF && !B::K_MAJOR);
         let (m, n) = (m0 + mi, n0 + ni);
         if m < m_total && n < n_total {
             unsafe { e.store(m, n, acc[p as usize][v as usize]) };
@@ -1030,16 +1048,24 @@ pub unsafe fn gemm_tile_v<
 /// Tile coordinates of the vector engine's accumulator `acc[p][v]`: warp w
 /// owns rows `BM/2·(w / 2)..` and columns `BN/2·(w % 2)..`; p = NJ·mi + nj
 /// (NJ = BN/16) is the 16×8 block at rows `16·mi..`, columns `8·nj..` of
-/// that, v which of its four values.
+/// that, v which of its four values. Where an fp32 operand's tile is
+/// row-major (`a_rm`, `b_rm`), its fragments come from [`rm_words`] and the
+/// block's rows (columns) are interleaved instead: row `(g, h)` of block mi
+/// is slice row `2·MI·g + 2·mi + h`, column n of block nj is `NJ·n + nj`.
 #[inline(always)]
-fn vtc_coord<const T: u8>(tid: u32, p: u32, v: u32) -> (u32, u32) {
+fn vtc_coord<const T: u8>(tid: u32, p: u32, v: u32, a_rm: bool, b_rm: bool) -> (u32, u32) {
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
     let nj_count = vnj(T) as u32;
     let (mi, nj) = (p / nj_count, p % nj_count);
-    let row = (vbm(T) / 2) * (warp / 2) + 16 * mi + g + 8 * (v / 2);
-    let col = (vbn(T) / 2) * (warp % 2) + 8 * nj + 2 * t + v % 2;
-    (row, col)
+    let (h, n) = (v / 2, 2 * t + v % 2);
+    let row = if a_rm {
+        2 * vmi(T) * g + 2 * mi + h
+    } else {
+        16 * mi + g + 8 * h
+    };
+    let col = if b_rm { nj_count * n + nj } else { 8 * nj + n };
+    ((vbm(T) / 2) * (warp / 2) + row, (vbn(T) / 2) * (warp % 2) + col)
 }
 
 /// `[f(0), …, f(7)]` with the blocks past a warp's `vnj(T)` left zero,
@@ -1050,37 +1076,37 @@ fn each_nj<const T: u8, F: Copy + Default>(f: impl Fn(u32) -> F) -> [F; 8] {
     [g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7)]
 }
 
-/// One float of a shared tile at window address `addr`.
+/// The four fp32 words of a K-major shared tile (`[x][k]`, 16 deep) that
+/// lane (g, t) of a warp needs for row/column `x0 + g` at k = t, t+4, t+8,
+/// t+12: one `ldmatrix`.
 #[inline(always)]
-unsafe fn ld_shared_f32(addr: u32) -> f32 {
-    let v: f32;
-    unsafe {
-        asm!(
-            "ld.shared.f32 {v}, [{addr}];",
-            addr = in(reg32) addr,
-            v = out(reg32) v,
-            options(readonly, nostack, preserves_flags),
-        )
-    };
-    v
+unsafe fn frag_words(tile: u32, x0: u32) -> [u32; 4] {
+    let lane = tid_x() % 32;
+    // Lanes 8i..8i+7 address rows x0..x0+7 at k = 4i.
+    let addr = tile + (x0 + lane % 8) * VROW_BYTES + 16 * (lane / 8);
+    unsafe { ldmatrix_x4(addr) }
 }
 
-/// The four fp32 words of one shared K tile (16 deep) that lane (g, t) of
-/// a warp needs for row/column `x0 + g` at k = t, t+4, t+8, t+12: from
-/// `ldmatrix` when `k_major` (tile `[x][k]`), else four loads from `[k][x]`
-/// with rows of `stride` bytes.
+/// The words of a row-major fp32 shared tile (`[k][x]`, 16 deep, `stride`
+/// bytes per k row, chunks swizzled by [`rm_swizzle`]) that lane (g, t)
+/// needs for its warp's slice `x0..x0 + rows/2`: `w[kk][e]` is k = t + 4·kk,
+/// slice entry `q·4·g + e` (q = rows/64: one or two 16-byte loads per k).
+/// The slice's entries are interleaved across the 16×8 blocks (see
+/// [`vtc_coord`]), so each lane's share is contiguous.
 #[inline(always)]
-unsafe fn frag_words(k_major: bool, tile: u32, x0: u32, stride: u32) -> [u32; 4] {
+unsafe fn rm_words(tile: u32, x0: u32, rows: u32, stride: u32) -> [[u32; 8]; 4] {
     let lane = tid_x() % 32;
-    if k_major {
-        // Lanes 8i..8i+7 address rows x0..x0+7 at k = 4i.
-        let addr = tile + (x0 + lane % 8) * VROW_BYTES + 16 * (lane / 8);
-        unsafe { ldmatrix_x4(addr) }
-    } else {
-        let (g, t) = (lane / 4, lane % 4);
-        let at = |k: u32| unsafe { ld_shared_f32(tile + k * stride + 4 * (x0 + g)).to_bits() };
-        [at(t), at(t + 4), at(t + 8), at(t + 12)]
-    }
+    let (g, t) = (lane / 4, lane % 4);
+    let q = rows / 64;
+    let sw = rm_swizzle(rows, t);
+    let row = |kk: u32| {
+        let base = tile + (t + 4 * kk) * stride + 4 * x0;
+        let ld = |i: u32| unsafe { ld_shared_v4(base + 16 * ((q * g + i) ^ sw)).map(f32::to_bits) };
+        let lo = ld(0);
+        let hi = if q == 2 { ld(1) } else { [0; 4] };
+        [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+    };
+    [row(0), row(1), row(2), row(3)]
 }
 
 /// Products of one fp32 shared K tile for the vector engine: per warp, its
@@ -1099,8 +1125,26 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const T: u8>(
     let nj_count = vnj(T);
     // Words for rows r..r+7 and r+8..r+15 of A, columns c..c+7 of B, each at
     // k = t, t+4, t+8, t+12.
-    let bw = |nj: u32| unsafe { frag_words(B::K_MAJOR, b_s, col0 + 8 * nj, b_stride) };
-    let aw = |r: u32| unsafe { frag_words(A::K_MAJOR, a_s, r, a_stride) };
+    // Row-major tiles: every word the lane needs, up front (see `rm_words`).
+    let a_rm = if A::K_MAJOR { [[0; 8]; 4] } else { unsafe { rm_words(a_s, row0, vbm(T), a_stride) } };
+    let b_rm = if B::K_MAJOR { [[0; 8]; 4] } else { unsafe { rm_words(b_s, col0, vbn(T), b_stride) } };
+    let bw = |nj: u32| {
+        if B::K_MAJOR {
+            unsafe { frag_words(b_s, col0 + 8 * nj) }
+        } else {
+            let e = nj as usize;
+            [b_rm[0][e], b_rm[1][e], b_rm[2][e], b_rm[3][e]]
+        }
+    };
+    // Rows g (`h` = 0) or g + 8 (`h` = 1) of 16-row block mi.
+    let aw = |mi: u32, h: u32| {
+        if A::K_MAJOR {
+            unsafe { frag_words(a_s, row0 + 16 * mi + 8 * h) }
+        } else {
+            let e = (2 * mi + h) as usize;
+            [a_rm[0][e], a_rm[1][e], a_rm[2][e], a_rm[3][e]]
+        }
+    };
     let b = each_nj::<T, _>(bw);
     if MODE == TF32 || MODE == TF32_ROUNDED {
         let tf = |w: u32| {
@@ -1113,8 +1157,8 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const T: u8>(
         // k8 step s reads k = 8s + t and 8s + t + 4: words 2s and 2s + 1.
         let bt = b.map(|w| w.map(tf));
         let mut rows = |mi: u32| {
-            let lo = aw(row0 + 16 * mi).map(tf);
-            let hi = aw(row0 + 16 * mi + 8).map(tf);
+            let lo = aw(mi, 0).map(tf);
+            let hi = aw(mi, 1).map(tf);
             for s in 0..2usize {
                 let a = [lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1]];
                 for nj in 0..nj_count {
@@ -1131,8 +1175,8 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const T: u8>(
         };
         let bp = b.map(pk);
         let mut rows = |mi: u32| {
-            let lo = pk(aw(row0 + 16 * mi));
-            let hi = pk(aw(row0 + 16 * mi + 8));
+            let lo = pk(aw(mi, 0));
+            let hi = pk(aw(mi, 1));
             let a = [lo[0], hi[0], lo[1], hi[1]];
             for nj in 0..nj_count {
                 let p = nj_count * mi as usize + nj;

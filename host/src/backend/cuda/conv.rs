@@ -97,7 +97,8 @@ pub(super) fn conv_forward(
     );
     let what = || format!("{g:?}");
     let (cg, kk) = (g.c_in / g.groups, g.k_h * g.k_w);
-    if let Some((name, half, rw, tile)) = row_path(be, g, "conv_forward", wide, cfg.grid_dim) {
+    if let Some((name, half, rw, tile)) = row_path(be, g, "conv_forward", wide, Some(cfg.grid_dim))
+    {
         let (pg, wg) = (RowGeom::patches(g, rw), RowGeom::filters(g, rw));
         return cut_rows(be, Scratch::X, x, &pg, half, |p| {
             cut_rows(
@@ -111,7 +112,9 @@ pub(super) fn conv_forward(
         });
     }
     let fits = [cg.is_multiple_of(4), cg.is_multiple_of(8)];
-    if let Some((name, half, tile)) = channels_last(be, "conv_forward", fits, wide, cfg.grid_dim) {
+    if let Some((name, half, tile)) =
+        channels_last(be, "conv_forward", fits, wide, Some(cfg.grid_dim))
+    {
         let x_dims = [g.n, g.c_in, g.h * g.w];
         return relayout(be, Scratch::X, x, x_dims, g.c_in, half, |xt| {
             relayout(
@@ -181,7 +184,8 @@ fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
     let (cg, fg) = (g.c_in / g.groups, g.c_out / g.groups);
     let (cfg, wide) = tiles(be, cg, g.n * g.h * g.w, g.groups);
     let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
-    let (name, half, tile) = channels_last(be, "conv_backward_data", fits, wide, cfg.grid_dim)?;
+    let (name, half, tile) =
+        channels_last(be, "conv_backward_data", fits, wide, Some(cfg.grid_dim))?;
     Some(VecPlan {
         name,
         half,
@@ -226,7 +230,7 @@ fn channels_last(
     base: &str,
     fits: [bool; 2],
     wide: bool,
-    grid: (u32, u32, u32),
+    grid: Option<(u32, u32, u32)>,
 ) -> Option<(&'static str, bool, VecTile)> {
     if fits[1]
         && be.bf16_operands
@@ -245,12 +249,13 @@ fn channels_last(
 /// and big tiles are on, unless `base` also has a 128×64 one that fills the
 /// GPU's waves better for `grid` (the launch grid in 128×64 tiles; e.g.
 /// conv5's forward makes 338 blocks of 128×128 at two per SM, 1.3 waves,
-/// against 676 of 128×64 at three per SM, 1.7); else the 128×64 one.
+/// against 676 of 128×64 at three per SM, 1.7; `None` for split-K
+/// products, whose slices fill the waves); else the 128×64 one.
 fn vec_tiled(
     be: &CudaBackend,
     base: &str,
     wide: bool,
-    grid: (u32, u32, u32),
+    grid: Option<(u32, u32, u32)>,
 ) -> Option<(&'static str, VecTile)> {
     let tile = VecTile::of(wide);
     let plain = be.vec_kernel(base, true, tile);
@@ -258,8 +263,9 @@ fn vec_tiled(
         .then(|| be.vec_kernel(base, true, VecTile::Big))
         .flatten();
     match (big, plain) {
+        (Some(b), Some(_)) if grid.is_none() => Some((b, VecTile::Big)),
         (Some(b), Some(w)) => {
-            let (gx, gy, gz) = grid;
+            let (gx, gy, gz) = grid.unwrap_or_default();
             let blocks_w = gx as usize * gy as usize * gz as usize;
             let blocks_b = gx.div_ceil(2) as usize * gy as usize * gz as usize;
             // Busy fraction of the block slots over the launch's waves.
@@ -287,7 +293,7 @@ fn row_path(
     g: &ConvGeom,
     base: &str,
     wide: bool,
-    grid: (u32, u32, u32),
+    grid: Option<(u32, u32, u32)>,
 ) -> Option<(&'static str, bool, usize, VecTile)> {
     if g.groups != 1 || g.c_in.is_multiple_of(4) {
         return None;
@@ -365,16 +371,30 @@ fn relayout<R>(
     })
 }
 
-/// How many K slices the weight gradient uses: enough blocks for ~2 per SM,
-/// each slice still at least 1024 deep.
-fn filter_splits(be: &CudaBackend, g: &ConvGeom, wide: bool) -> u32 {
-    let m = g.c_out / g.groups;
-    let n = (g.c_in / g.groups) * g.k_h * g.k_w;
-    let rows = if wide { 128 } else { 64 };
-    let blocks = m.div_ceil(rows) * n.div_ceil(64) * g.groups;
-    let k = g.n * g.out_h() * g.out_w();
-    let want = (2 * be.sm_count() as usize).div_ceil(blocks);
-    want.min(k / 1024).clamp(1, 64) as u32
+/// How many K slices the weight gradient uses, given `blocks` per slice,
+/// a reduction `k` deep and `wave` blocks running at once: the count (each
+/// slice still at least 1024 deep, at most 64) that fills one wave best, or
+/// two where that fills clearly better. conv2 at batch 128 (38 blocks of
+/// 128×64, three per SM): 10 slices, 380 of 396 slots busy.
+fn filter_splits(blocks: usize, k: usize, wave: usize) -> u32 {
+    let max = (k / 1024).clamp(1, 64);
+    let fill = |s: usize| {
+        let b = blocks * s;
+        b as f64 / (b.div_ceil(wave) * wave) as f64
+    };
+    let one = (wave / blocks).clamp(1, max);
+    let two = (2 * wave / blocks).clamp(1, max);
+    (if fill(two) > fill(one) + 0.05 {
+        two
+    } else {
+        one
+    }) as u32
+}
+
+/// Blocks of a launch.
+fn blocks(cfg: &LaunchConfig) -> usize {
+    let (x, y, z) = cfg.grid_dim;
+    x as usize * y as usize * z as usize
 }
 
 pub(super) fn conv_backward_filter(
@@ -421,13 +441,15 @@ struct VecFilter {
 fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
     let m = g.c_out / g.groups;
     let wide = be.wide_tiles(m, None);
-    let splits = filter_splits(be, g, wide);
     let n_len = (g.c_in / g.groups) * g.k_h * g.k_w;
-    let cfg = grid(m, n_len, g.groups * splits as usize, wide);
+    let k = g.n * g.out_h() * g.out_w();
     let cg = g.c_in / g.groups;
-    let rows = row_path(be, g, "conv_backward_filter", wide, cfg.grid_dim)
+    let base = grid(m, n_len, g.groups, wide);
+    let rows = row_path(be, g, "conv_backward_filter", wide, None)
         .filter(|&(_, half, _, _)| m.is_multiple_of(if half { 8 } else { 4 }));
     if let Some((name, half, rw, tile)) = rows {
+        let one = vec_cfg(grid(m, g.k_h * rw, 1, wide), tile);
+        let splits = filter_splits(blocks(&one), k, be.wave(name));
         let cfg = vec_cfg(grid(m, g.k_h * rw, splits as usize, wide), tile);
         let plan = VecPlan { name, half, cfg };
         return FilterPlan::Vec(VecFilter {
@@ -440,9 +462,9 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
         cg.is_multiple_of(4) && m.is_multiple_of(4),
         cg.is_multiple_of(8) && m.is_multiple_of(8),
     ];
-    if let Some((name, half, tile)) =
-        channels_last(be, "conv_backward_filter", fits, wide, cfg.grid_dim)
-    {
+    if let Some((name, half, tile)) = channels_last(be, "conv_backward_filter", fits, wide, None) {
+        let splits = filter_splits(blocks(&vec_cfg(base, tile)), k, be.wave(name));
+        let cfg = grid(m, n_len, g.groups * splits as usize, wide);
         let plan = VecPlan {
             name,
             half,
@@ -455,6 +477,8 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
         });
     }
     let name = be.gemm_kernel(gemm_names!("conv_backward_filter"), wide);
+    let splits = filter_splits(blocks(&base), k, 2 * be.sm_count() as usize);
+    let cfg = grid(m, n_len, g.groups * splits as usize, wide);
     FilterPlan::Gemm { name, cfg, splits }
 }
 
