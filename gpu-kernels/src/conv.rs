@@ -17,7 +17,7 @@
 
 use crate::device::{bdim_x, bid_x, bid_y, bid_z, block_sum, shared, tid_x};
 use crate::gemm::{
-    BK, Epilogue, TF32_ROUNDED, Operand, SLOT_STRIDE, Strided, VStrided, VecOperand, elem_at, gemm_kernels,
+    BK, Epilogue, Operand, SLOT_STRIDE, Strided, VStrided, VecOperand, elem_at, gemm_kernels,
     gemm_tile, gemm_tile_v, split_range, vbk, vlen,
 };
 
@@ -1077,9 +1077,9 @@ unsafe fn conv_backward_filter_nhwc16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(conv_backward_filter_nhwc_impl (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
-    conv_backward_filter_nhwc_tf32: TF32_ROUNDED, 0; conv_backward_filter_nhwc_bf16: BF16, 0; conv_backward_filter_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_backward_filter_nhwc_tf32_big: TF32_ROUNDED, 2; conv_backward_filter_nhwc_bf16_wide: BF16, 1);
+    conv_backward_filter_nhwc_tf32: TF32_ROUNDED, 0; conv_backward_filter_nhwc_bf16: BF16, 0; conv_backward_filter_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_backward_filter_nhwc_bf16_wide: BF16, 1);
 gemm_kernels!(conv_backward_filter_nhwc16_impl (s: ConvShape, x: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
-    conv_backward_filter_nhwc16_bf16: BF16, 0; conv_backward_filter_nhwc16_bf16_wide: BF16, 1; conv_backward_filter_nhwc16_bf16_big: BF16, 2);
+    conv_backward_filter_nhwc16_bf16: BF16, 0; conv_backward_filter_nhwc16_bf16_wide: BF16, 1);
 
 // ---------------------------------------------------------------------------
 // Row-patch products for layers with few channels and one group (conv1: 3
@@ -1353,6 +1353,6 @@ unsafe fn conv_backward_filter_rows16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(conv_backward_filter_rows_impl (s: ConvShape, p: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
-    conv_backward_filter_rows_tf32: TF32_ROUNDED, 0; conv_backward_filter_rows_tf32_wide: TF32_ROUNDED, 1; conv_backward_filter_rows_tf32_big: TF32_ROUNDED, 2);
+    conv_backward_filter_rows_tf32: TF32_ROUNDED, 0; conv_backward_filter_rows_tf32_wide: TF32_ROUNDED, 1);
 gemm_kernels!(conv_backward_filter_rows16_impl (s: ConvShape, p: *const f32, dy: *const f32, ws: *mut f32, splits: u32) =>
     conv_backward_filter_rows16_bf16: BF16, 0; conv_backward_filter_rows16_bf16_wide: BF16, 1; conv_backward_filter_rows16_bf16_big: BF16, 2);

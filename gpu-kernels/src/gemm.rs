@@ -115,6 +115,12 @@ pub const SLOT_STRIDE: u32 = 16;
 
 /// Where a finished `C[m, n]` goes (called only for `m < M`, `n < N`).
 pub trait Epilogue {
+    /// Whether consecutive n land at consecutive addresses (a dense
+    /// row-major C): the vector engine then keeps a row-major fp32 B
+    /// operand's columns in `mma` order, so that a warp's stores stay
+    /// coalesced, and reads its fragments with scalar loads (see
+    /// [`vtc_coord`]).
+    const DENSE_N: bool = false;
     unsafe fn store(&self, m: u32, n: u32, acc: f32);
 }
 
@@ -468,6 +474,7 @@ pub struct StoreStrided {
 }
 
 impl Epilogue for StoreStrided {
+    const DENSE_N: bool = true;
     #[inline(always)]
     unsafe fn store(&self, m: u32, n: u32, acc: f32) {
         let b = if self.bias.is_null() {
@@ -910,7 +917,10 @@ pub trait VecOperand {
 /// is a TF32 A fragment, 16 rows × 8 k, or a B fragment pair, 8 columns ×
 /// 16 k), those of a row-major one from 16-byte loads of a swizzled tile,
 /// the rows (columns) of the warp's 16×8 blocks interleaved so that each
-/// lane's words are contiguous ([`rm_words`]). For bf16, k is
+/// lane's words are contiguous ([`rm_words`]); B's columns stay in `mma`
+/// order, read by scalar loads ([`rm_column`]), where the epilogue stores
+/// densely along n (`Epilogue::DENSE_N`: interleaved columns would scatter
+/// a warp's stores). For bf16, k is
 /// permuted inside each 16-deep tile, the same way for A and B (so the
 /// products are unchanged): the register the `mma` reads as k `(2t, 2t+1)`
 /// holds k `(t, t+4)` and `(2t+8, 2t+9)` holds `(t+8, t+12)`, which is what
@@ -1023,7 +1033,7 @@ pub unsafe fn gemm_tile_v<
         if HALF {
             unsafe { vmma_tile_half::<A, B, T>(a_s, b_s, &mut acc) };
         } else {
-            unsafe { vmma_tile::<A, B, MODE, T>(a_s, b_s, &mut acc) };
+            unsafe { vmma_tile::<A, B, E, MODE, T>(a_s, b_s, &mut acc) };
         }
         read = next_stage(read);
     }
@@ -1033,7 +1043,8 @@ pub unsafe fn gemm_tile_v<
         if p >= (vbm(T) / 32) * vnj(T) as u32 {
             return;
         }
-        let (mi, ni) = vtc_coord::<T>(tid, p, v, !HALF && !A::K_MAJOR, !HALF && !B::K_MAJOR);
+        let b_rm = !HALF && !B::K_MAJOR && !E::DENSE_N;
+        let (mi, ni) = vtc_coord::<T>(tid, p, v, !HALF && !A::K_MAJOR, b_rm);
         let (m, n) = (m0 + mi, n0 + ni);
         if m < m_total && n < n_total {
             unsafe { e.store(m, n, acc[p as usize][v as usize]) };
@@ -1087,6 +1098,34 @@ unsafe fn frag_words(tile: u32, x0: u32) -> [u32; 4] {
     unsafe { ldmatrix_x4(addr) }
 }
 
+/// The four fp32 words of a row-major shared tile (as [`rm_words`] reads)
+/// that lane (g, t) needs for column `x0 + g` at k = t, t+4, t+8, t+12:
+/// scalar loads, for columns kept in `mma` order.
+#[inline(always)]
+unsafe fn rm_column(tile: u32, x0: u32, rows: u32, stride: u32) -> [u32; 4] {
+    let lane = tid_x() % 32;
+    let (g, t) = (lane / 4, lane % 4);
+    let x = x0 + g;
+    let at = 16 * ((x / 4) ^ rm_swizzle(rows, t)) + 4 * (x % 4);
+    let ld = |kk: u32| unsafe { ld_shared_f32(tile + (t + 4 * kk) * stride + at).to_bits() };
+    [ld(0), ld(1), ld(2), ld(3)]
+}
+
+/// One float of a shared tile at window address `addr`.
+#[inline(always)]
+unsafe fn ld_shared_f32(addr: u32) -> f32 {
+    let v: f32;
+    unsafe {
+        asm!(
+            "ld.shared.f32 {v}, [{addr}];",
+            addr = in(reg32) addr,
+            v = out(reg32) v,
+            options(readonly, nostack, preserves_flags),
+        )
+    };
+    v
+}
+
 /// The words of a row-major fp32 shared tile (`[k][x]`, 16 deep, `stride`
 /// bytes per k row, chunks swizzled by [`rm_swizzle`]) that lane (g, t)
 /// needs for its warp's slice `x0..x0 + rows/2`: `w[kk][e]` is k = t + 4·kk,
@@ -1112,7 +1151,7 @@ unsafe fn rm_words(tile: u32, x0: u32, rows: u32, stride: u32) -> [[u32; 8]; 4] 
 /// Products of one fp32 shared K tile for the vector engine: per warp, its
 /// (BM/2)×(BN/2) slice as 16×8 accumulators (see [`vtc_coord`]).
 #[inline(always)]
-unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const T: u8>(
+unsafe fn vmma_tile<A: VecOperand, B: VecOperand, E: Epilogue, const MODE: u8, const T: u8>(
     a_s: u32,
     b_s: u32,
     acc: &mut [[f32; 4]; 32],
@@ -1127,10 +1166,16 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, const MODE: u8, const T: u8>(
     // k = t, t+4, t+8, t+12.
     // Row-major tiles: every word the lane needs, up front (see `rm_words`).
     let a_rm = if A::K_MAJOR { [[0; 8]; 4] } else { unsafe { rm_words(a_s, row0, vbm(T), a_stride) } };
-    let b_rm = if B::K_MAJOR { [[0; 8]; 4] } else { unsafe { rm_words(b_s, col0, vbn(T), b_stride) } };
+    let b_rm = if B::K_MAJOR || E::DENSE_N {
+        [[0; 8]; 4]
+    } else {
+        unsafe { rm_words(b_s, col0, vbn(T), b_stride) }
+    };
     let bw = |nj: u32| {
         if B::K_MAJOR {
             unsafe { frag_words(b_s, col0 + 8 * nj) }
+        } else if E::DENSE_N {
+            unsafe { rm_column(b_s, col0 + 8 * nj, vbn(T), b_stride) }
         } else {
             let e = nj as usize;
             [b_rm[0][e], b_rm[1][e], b_rm[2][e], b_rm[3][e]]

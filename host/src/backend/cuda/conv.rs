@@ -250,7 +250,9 @@ fn channels_last(
 /// GPU's waves better for `grid` (the launch grid in 128×64 tiles; e.g.
 /// conv5's forward makes 338 blocks of 128×128 at two per SM, 1.3 waves,
 /// against 676 of 128×64 at three per SM, 1.7; `None` for split-K
-/// products, whose slices fill the waves); else the 128×64 one.
+/// products, whose slices fill the waves); else the 128×64 one. Of the
+/// weight gradients only conv1's bf16 one has a 128×128 variant: the others
+/// measured slower at 128×128.
 fn vec_tiled(
     be: &CudaBackend,
     base: &str,
@@ -372,23 +374,13 @@ fn relayout<R>(
 }
 
 /// How many K slices the weight gradient uses, given `blocks` per slice,
-/// a reduction `k` deep and `wave` blocks running at once: the count (each
-/// slice still at least 1024 deep, at most 64) that fills one wave best, or
-/// two where that fills clearly better. conv2 at batch 128 (38 blocks of
-/// 128×64, three per SM): 10 slices, 380 of 396 slots busy.
+/// a reduction `k` deep and `wave` blocks running at once: as many as one
+/// wave holds (each slice still at least 1024 deep, at most 64). conv2 at
+/// batch 128 in TF32 (38 blocks of 128×64, three per SM): 10 slices, 380
+/// of 396 slots busy. Two waves' worth (conv3: 7 slices instead of 3)
+/// measured slower: every slice adds a partial to write and sum.
 fn filter_splits(blocks: usize, k: usize, wave: usize) -> u32 {
-    let max = (k / 1024).clamp(1, 64);
-    let fill = |s: usize| {
-        let b = blocks * s;
-        b as f64 / (b.div_ceil(wave) * wave) as f64
-    };
-    let one = (wave / blocks).clamp(1, max);
-    let two = (2 * wave / blocks).clamp(1, max);
-    (if fill(two) > fill(one) + 0.05 {
-        two
-    } else {
-        one
-    }) as u32
+    (wave / blocks).clamp(1, (k / 1024).clamp(1, 64)) as u32
 }
 
 /// Blocks of a launch.
