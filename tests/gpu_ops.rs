@@ -34,7 +34,8 @@ struct Ctx {
     failures: Vec<String>,
     /// The GEMM engine's tile height forced for the product tests.
     wide: bool,
-    /// Whether 128-row vector products may use their 128×128 variants.
+    /// Whether vector products use their 128-column variants (64×128,
+    /// 128×128) where they have them.
     big: bool,
     /// Whether bf16 vector products read bf16 operand copies.
     bf16_operands: bool,
@@ -202,7 +203,7 @@ fn main() {
         checks: 0,
         failures: vec![],
         wide: false,
-        big: true,
+        big: false,
         bf16_operands: true,
         vec: true,
     };
@@ -326,22 +327,24 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
 }
 
 /// Runs a product test in every precision and both GEMM tile heights (64 and
-/// 128 rows; the latter with the vector engine's 128×128 variants, then
-/// without: 128×64), leaving the GPU in fp32 with the automatic tile choice.
+/// 128 rows; on the vector engine each with 64 and with 128 columns where a
+/// product has both: 64×64, 64×128, 128×128, 128×64), leaving the GPU in
+/// fp32 with the automatic tile choice.
 fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
     let result = (|| {
         for (wide, tiles, big) in [
+            (false, GemmTiles::Narrow, false),
             (false, GemmTiles::Narrow, true),
             (true, GemmTiles::Wide, true),
             (true, GemmTiles::Wide, false),
         ] {
-            if !big && !c.vec {
+            if big && !c.vec {
                 continue;
             }
             c.wide = wide;
             c.big = big;
             c.gpu.set_gemm_tiles(tiles);
-            c.gpu.set_big_tiles(big);
+            c.gpu.set_big_tiles(Some(big));
             // bf16 twice on the vector engine: with bf16 operand copies and
             // on fp32 ones (converted as fragments are read).
             for (p, ops16) in [
@@ -364,9 +367,9 @@ fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> R
         Ok(())
     })();
     c.wide = false;
-    c.big = true;
+    c.big = false;
     c.gpu.set_gemm_tiles(GemmTiles::Auto);
-    c.gpu.set_big_tiles(true);
+    c.gpu.set_big_tiles(None);
     c.gpu.set_precision(Precision::Fp32)?;
     result
 }
@@ -408,7 +411,8 @@ fn label_tol(c: &Ctx, p: Precision) -> (String, f64) {
         format!(
             "{name}{}{engine}",
             match (c.wide, c.big) {
-                (false, _) => "",
+                (false, false) => "",
+                (false, true) => " 64x128",
                 (true, true) => " wide",
                 (true, false) => " wide 128x64",
             }

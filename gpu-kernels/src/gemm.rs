@@ -800,13 +800,15 @@ pub const VNARROW: u8 = 0;
 pub const VWIDE: u8 = 1;
 /// Tile shape `T` of the vector engine: 128×128.
 pub const VBIG: u8 = 2;
+/// Tile shape `T` of the vector engine: 64×128.
+pub const VLONG: u8 = 3;
 /// Rows of the vector engine's C tile of shape `t`.
 pub const fn vbm(t: u8) -> u32 {
-    if t == VNARROW { 64 } else { 128 }
+    if t == VNARROW || t == VLONG { 64 } else { 128 }
 }
 /// Columns of the vector engine's C tile of shape `t`.
 pub const fn vbn(t: u8) -> u32 {
-    if t == VBIG { 128 } else { 64 }
+    if t == VBIG || t == VLONG { 128 } else { 64 }
 }
 /// 16-row blocks of a warp's slice: 2 or 4.
 const fn vmi(t: u8) -> u32 {
@@ -855,9 +857,9 @@ const fn vstage_bytes(t: u8) -> u32 {
 pub const fn vstages(t: u8) -> u32 {
     if t == VNARROW { 4 } else { 3 }
 }
-/// Dynamic shared memory of the vector engine, in bytes: 40, 45 or 60 KiB
-/// (over the default 48 KiB for `BIG`: the host raises the kernels' limit
-/// at load time).
+/// Dynamic shared memory of the vector engine, in bytes: 40, 45 (128×64
+/// and 64×128) or 60 KiB (over the default 48 KiB for `BIG`: the host
+/// raises the kernels' limit at load time).
 pub const fn vshared_bytes(t: u8) -> u32 {
     vstages(t) * vstage_bytes(t)
 }
@@ -897,8 +899,8 @@ pub trait VecOperand {
     fn base(&self) -> *const f32;
 }
 
-/// The vector engine: a `vbm(T)`×`vbn(T)` tile of C (64×64, 128×64 or
-/// 128×128) per block of [`VTHREADS`] (TF32 or BF16 only), warp w owning
+/// The vector engine: a `vbm(T)`×`vbn(T)` tile of C (64×64, 128×64,
+/// 64×128 or 128×128) per block of [`VTHREADS`] (TF32 or BF16 only), warp w owning
 /// rows `BM/2·(w / 2)..` and columns `BN/2·(w % 2)..` as (BM/32)×(BN/16)
 /// 16×8 accumulators (see [`vtc_coord`]), the same epilogue as
 /// [`gemm_tile`]. Operands are copied in 16-byte `cp.async`

@@ -244,15 +244,15 @@ fn channels_last(
     vec_tiled(be, &format!("{base}_nhwc"), wide, grid).map(|(k, tile)| (k, false, tile))
 }
 
-/// Vector kernel `base` (see `vec_kernel`) and its tile shape. Where
-/// 128-row tiles are chosen: the 128×128 `_big` variant if `base` has one
-/// and big tiles are on, unless `base` also has a 128×64 one that fills the
-/// GPU's waves better for `grid` (the launch grid in 128×64 tiles; e.g.
-/// conv5's forward makes 338 blocks of 128×128 at two per SM, 1.3 waves,
-/// against 676 of 128×64 at three per SM, 1.7; `None` for split-K
-/// products, whose slices fill the waves); else the 128×64 one. Of the
-/// weight gradients only conv1's bf16 one has a 128×128 variant: the others
-/// measured slower at 128×128.
+/// Vector kernel `base` (see `vec_kernel`) and its tile shape: 64 or 128
+/// rows as `wide` says; then the 128-column variant (128×128 `_big`, 64×128
+/// `_long`) if `base` has one and big tiles are on, unless `base` also has
+/// the 64-column one and that fills the GPU's waves better for `grid` (the
+/// launch grid in 64-column tiles; e.g. conv5's forward makes 338 blocks
+/// of 128×128 at two per SM, 1.3 waves, against 676 of 128×64 at three per
+/// SM, 1.7; `None` for split-K products, whose slices fill the waves). Of
+/// the weight gradients only conv1's bf16 one has a 128-column variant:
+/// the others measured slower at 128×128.
 fn vec_tiled(
     be: &CudaBackend,
     base: &str,
@@ -260,27 +260,28 @@ fn vec_tiled(
     grid: Option<(u32, u32, u32)>,
 ) -> Option<(&'static str, VecTile)> {
     let tile = VecTile::of(wide);
+    let long_tile = if wide { VecTile::Big } else { VecTile::Long };
     let plain = be.vec_kernel(base, true, tile);
-    let big = (wide && be.big_tiles)
-        .then(|| be.vec_kernel(base, true, VecTile::Big))
+    let long = (be.big_tiles != Some(false))
+        .then(|| be.vec_kernel(base, true, long_tile))
         .flatten();
-    match (big, plain) {
-        (Some(b), Some(_)) if grid.is_none() => Some((b, VecTile::Big)),
-        (Some(b), Some(w)) => {
+    match (long, plain) {
+        (Some(l), Some(_)) if grid.is_none() || be.big_tiles == Some(true) => Some((l, long_tile)),
+        (Some(l), Some(p)) => {
             let (gx, gy, gz) = grid.unwrap_or_default();
-            let blocks_w = gx as usize * gy as usize * gz as usize;
-            let blocks_b = gx.div_ceil(2) as usize * gy as usize * gz as usize;
+            let blocks_p = gx as usize * gy as usize * gz as usize;
+            let blocks_l = gx.div_ceil(2) as usize * gy as usize * gz as usize;
             // Busy fraction of the block slots over the launch's waves.
             let fill =
                 |blocks: usize, wave: usize| blocks as f64 / (blocks.div_ceil(wave) * wave) as f64;
-            if fill(blocks_b, be.wave(b)) + 0.02 >= fill(blocks_w, be.wave(w)) {
-                Some((b, VecTile::Big))
+            if fill(blocks_l, be.wave(l)) + 0.02 >= fill(blocks_p, be.wave(p)) {
+                Some((l, long_tile))
             } else {
-                Some((w, tile))
+                Some((p, tile))
             }
         }
-        (Some(b), None) => Some((b, VecTile::Big)),
-        (None, Some(w)) => Some((w, tile)),
+        (Some(l), None) => Some((l, long_tile)),
+        (None, Some(p)) => Some((p, tile)),
         (None, None) => None,
     }
 }

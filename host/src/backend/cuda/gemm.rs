@@ -52,6 +52,8 @@ pub(super) enum VecTile {
     Narrow,
     Wide,
     Big,
+    /// 64×128 (`gemm::VLONG`).
+    Long,
 }
 
 impl VecTile {
@@ -63,6 +65,8 @@ impl VecTile {
     pub(super) fn of_name(name: &str) -> Self {
         if name.ends_with("_big") {
             VecTile::Big
+        } else if name.ends_with("_long") {
+            VecTile::Long
         } else if name.ends_with("_wide") {
             VecTile::Wide
         } else {
@@ -75,6 +79,7 @@ impl VecTile {
             VecTile::Narrow => "",
             VecTile::Wide => "_wide",
             VecTile::Big => "_big",
+            VecTile::Long => "_long",
         }
     }
 }
@@ -82,14 +87,15 @@ impl VecTile {
 /// `cfg` (a grid of 64-column tiles of 64 or 128 rows) for a vector-engine
 /// kernel of shape `tile`: 128-column tiles halve grid x; blocks of
 /// `gemm::VTHREADS` (128) threads with `gemm::vshared_bytes` of shared
-/// memory (4 stages of 64 + 64 rows, or 3 of 128 + 64 or 128 + 128, × 80
-/// bytes).
+/// memory (4 stages of 64 + 64 rows, or 3 of 128 + 64, 64 + 128 or
+/// 128 + 128, × 80 bytes).
 pub(super) fn vec_cfg(cfg: LaunchConfig, tile: VecTile) -> LaunchConfig {
     let (gx, gy, gz) = cfg.grid_dim;
     let (stages, rows, gx) = match tile {
         VecTile::Narrow => (4, 128, gx),
         VecTile::Wide => (3, 192, gx),
         VecTile::Big => (3, 256, gx.div_ceil(2)),
+        VecTile::Long => (3, 192, gx.div_ceil(2)),
     };
     LaunchConfig {
         grid_dim: (gx, gy, gz),

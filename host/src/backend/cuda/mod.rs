@@ -80,6 +80,10 @@ const KERNELS: &[&str] = &[
     "conv_forward_nhwc_tf32_big",
     "conv_backward_data_nhwc_tf32_big",
     "conv_forward_rows_tf32_big",
+    "conv_forward_nhwc_tf32_long",
+    "conv_backward_data_nhwc_tf32_long",
+    "conv_forward_nhwc16_bf16_long",
+    "conv_backward_data_nhwc16_bf16_long",
     "conv_backward_filter_rows16_bf16_big",
     "conv_backward_filter_rows_tf32",
     "conv_backward_filter_rows_tf32_wide",
@@ -241,10 +245,11 @@ pub struct CudaBackend {
     /// where the kernels take the shapes (`ALEXNET_FUSE_LRN_POOL=0` runs
     /// them separately; benchmarks).
     fuse_lrn_pool: bool,
-    /// Whether vector-engine products that have a 128×128 variant use it
-    /// where 128-row tiles are chosen (`ALEXNET_BIG_TILES=0` keeps 128×64;
-    /// benchmarks).
-    big_tiles: bool,
+    /// Whether vector-engine products that have a 128×128 (64×128) variant
+    /// use it where 128-row (64-row) tiles are chosen: `None` where it
+    /// fills the GPU's waves about as well (see `conv.rs`), `Some(on)`
+    /// always or never (`ALEXNET_BIG_TILES=1|0`; benchmarks and tests).
+    big_tiles: Option<bool>,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
     scratch: [Mutex<Option<CudaSlice<f32>>>; 3],
@@ -359,7 +364,11 @@ impl CudaBackend {
             vec_engine: std::env::var("ALEXNET_VEC_ENGINE").map_or(true, |v| v != "0"),
             bf16_operands: std::env::var("ALEXNET_BF16_OPERANDS").map_or(true, |v| v != "0"),
             fuse_lrn_pool: std::env::var("ALEXNET_FUSE_LRN_POOL").map_or(true, |v| v != "0"),
-            big_tiles: std::env::var("ALEXNET_BIG_TILES").map_or(true, |v| v != "0"),
+            big_tiles: match std::env::var("ALEXNET_BIG_TILES").as_deref() {
+                Ok("0") => Some(false),
+                Ok("1") => Some(true),
+                _ => None,
+            },
             scratch: Default::default(),
         })
     }
@@ -396,9 +405,10 @@ impl CudaBackend {
         self.vec_engine = on;
     }
 
-    /// Whether 128-row vector-engine products use their 128×128 variants
-    /// where they have one (default) or stay at 128×64.
-    pub fn set_big_tiles(&mut self, on: bool) {
+    /// Whether vector-engine products use their 128-column variants where
+    /// they have one: `None` by how they fill the GPU (default), else
+    /// always or never.
+    pub fn set_big_tiles(&mut self, on: Option<bool>) {
         self.big_tiles = on;
     }
 
