@@ -813,7 +813,7 @@ unsafe fn conv_forward_nhwc16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(conv_forward_nhwc_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
-    conv_forward_nhwc_tf32: TF32_ROUNDED, 0; conv_forward_nhwc_bf16: BF16, 0; conv_forward_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_forward_nhwc_tf32_big: TF32_ROUNDED, 2; conv_forward_nhwc_tf32_long: TF32_ROUNDED, 3; conv_forward_nhwc_bf16_wide: BF16, 1);
+    conv_forward_nhwc_tf32: TF32_ROUNDED, 0; conv_forward_nhwc_bf16: BF16, 0; conv_forward_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_forward_nhwc_tf32_big: TF32_ROUNDED, 2; conv_forward_nhwc_bf16_wide: BF16, 1);
 gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_nhwc16_bf16: BF16, 0; conv_forward_nhwc16_bf16_big: BF16, 2; conv_forward_nhwc16_bf16_long: BF16, 3);
 
@@ -928,7 +928,7 @@ unsafe fn conv_backward_data_nhwc16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(conv_backward_data_nhwc_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
-    conv_backward_data_nhwc_tf32: TF32_ROUNDED, 0; conv_backward_data_nhwc_bf16: BF16, 0; conv_backward_data_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_backward_data_nhwc_tf32_big: TF32_ROUNDED, 2; conv_backward_data_nhwc_tf32_long: TF32_ROUNDED, 3; conv_backward_data_nhwc_bf16_wide: BF16, 1);
+    conv_backward_data_nhwc_tf32: TF32_ROUNDED, 0; conv_backward_data_nhwc_bf16: BF16, 0; conv_backward_data_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_backward_data_nhwc_tf32_big: TF32_ROUNDED, 2; conv_backward_data_nhwc_bf16_wide: BF16, 1);
 gemm_kernels!(conv_backward_data_nhwc16_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
     conv_backward_data_nhwc16_bf16: BF16, 0; conv_backward_data_nhwc16_bf16_big: BF16, 2; conv_backward_data_nhwc16_bf16_long: BF16, 3);
 

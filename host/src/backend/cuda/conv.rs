@@ -245,14 +245,18 @@ fn channels_last(
 }
 
 /// Vector kernel `base` (see `vec_kernel`) and its tile shape: 64 or 128
-/// rows as `wide` says; then the 128-column variant (128×128 `_big`, 64×128
-/// `_long`) if `base` has one and big tiles are on, unless `base` also has
-/// the 64-column one and that fills the GPU's waves better for `grid` (the
-/// launch grid in 64-column tiles; e.g. conv5's forward makes 338 blocks
-/// of 128×128 at two per SM, 1.3 waves, against 676 of 128×64 at three per
-/// SM, 1.7; `None` for split-K products, whose slices fill the waves). Of
-/// the weight gradients only conv1's bf16 one has a 128-column variant:
-/// the others measured slower at 128×128.
+/// rows as `wide` says, then the 128-column variant if `base` has one and
+/// big tiles are not off:
+/// - 64×128 (`_long`: the bf16 forward and data gradients) wherever it
+///   exists: faster than 64×64 on every AlexNet layer (conv2's data
+///   gradient 0.54 → 0.48 ms at batch 128). TF32 has none: at 174–180
+///   registers two blocks fit on an SM, and it measured slower.
+/// - 128×128 (`_big`) unless `base` also has 128×64 and that fills the
+///   GPU's waves better for `grid` (the launch grid in 64-column tiles;
+///   `None` for split-K products, whose slices fill the waves): e.g.
+///   conv5's forward makes 338 blocks of 128×128 at two per SM, 1.3 waves,
+///   against 676 of 128×64 at three per SM, 1.7. Of the weight gradients
+///   only conv1's bf16 one has it: the others measured slower.
 fn vec_tiled(
     be: &CudaBackend,
     base: &str,
@@ -265,10 +269,8 @@ fn vec_tiled(
     let long = (be.big_tiles != Some(false))
         .then(|| be.vec_kernel(base, true, long_tile))
         .flatten();
-    match (long, plain) {
-        (Some(l), Some(_)) if grid.is_none() || be.big_tiles == Some(true) => Some((l, long_tile)),
-        (Some(l), Some(p)) => {
-            let (gx, gy, gz) = grid.unwrap_or_default();
+    match (long, plain, grid) {
+        (Some(l), Some(p), Some((gx, gy, gz))) if wide && be.big_tiles.is_none() => {
             let blocks_p = gx as usize * gy as usize * gz as usize;
             let blocks_l = gx.div_ceil(2) as usize * gy as usize * gz as usize;
             // Busy fraction of the block slots over the launch's waves.
@@ -280,9 +282,8 @@ fn vec_tiled(
                 Some((p, tile))
             }
         }
-        (Some(l), None) => Some((l, long_tile)),
-        (None, Some(p)) => Some((p, tile)),
-        (None, None) => None,
+        (Some(l), _, _) => Some((l, long_tile)),
+        (None, p, _) => p.map(|p| (p, tile)),
     }
 }
 

@@ -80,8 +80,6 @@ const KERNELS: &[&str] = &[
     "conv_forward_nhwc_tf32_big",
     "conv_backward_data_nhwc_tf32_big",
     "conv_forward_rows_tf32_big",
-    "conv_forward_nhwc_tf32_long",
-    "conv_backward_data_nhwc_tf32_long",
     "conv_forward_nhwc16_bf16_long",
     "conv_backward_data_nhwc16_bf16_long",
     "conv_backward_filter_rows16_bf16_big",
