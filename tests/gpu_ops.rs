@@ -56,6 +56,12 @@ impl Ctx {
         self.check_floor(test, case, got, want, tol, 0.0);
     }
 
+    /// A yes/no check (bit-identical output, an untouched tail, a rate
+    /// within bounds), counted and reported like the others.
+    fn check_true(&mut self, test: &str, case: &str, ok: bool) {
+        self.check(test, case, &[ok as u8 as f32], &[1.0], 0.0);
+    }
+
     /// That `got` (a gradient through a ReLU whose output is `x`) is exactly
     /// zero wherever `x ≤ 0`.
     fn check_relu_mask(&mut self, test: &str, case: &str, got: &[f32], x: &[f32]) {
@@ -662,25 +668,17 @@ fn transpose(c: &mut Ctx) -> Result<()> {
             .iter()
             .zip(&before[want.len()..])
             .all(|(a, b)| a.to_bits() == b.to_bits());
-        c.check(
-            "transpose",
-            &format!("{case} tail untouched"),
-            &[tail_kept as u8 as f32],
-            &[1.0],
-            0.0,
-        );
+        c.check_true("transpose", &format!("{case} tail untouched"), tail_kept);
         // TF32: the same values rounded, bit for bit.
         let want32 = host::backend::cpu::layout::transpose_tf32(&src, b, r, cols);
         let mut gdst = c.gpu.poisoned(want32.len())?;
         c.gpu
             .transpose(&gsrc, &mut gdst, [b, r, cols], Elem::Tf32)?;
         let got = c.gpu.download(&gdst)?;
-        c.check(
+        c.check_true(
             "transpose_tf32",
             &format!("{case} bitwise"),
-            &[bits_equal(&got, &want32) as u8 as f32],
-            &[1.0],
-            0.0,
+            bits_equal(&got, &want32),
         );
         // bf16 storage: each float of the destination holds two bf16
         // values, the first in its low half; must match bit for bit.
@@ -695,13 +693,7 @@ fn transpose(c: &mut Ctx) -> Result<()> {
             .take(want16.len())
             .collect();
         let same = got16 == want16;
-        c.check(
-            "transpose_bf16",
-            &format!("{case} bitwise"),
-            &[same as u8 as f32],
-            &[1.0],
-            0.0,
-        );
+        c.check_true("transpose_bf16", &format!("{case} bitwise"), same);
     }
     Ok(())
 }
@@ -741,12 +733,10 @@ fn row_patches(c: &mut Ctx) -> Result<()> {
             let mut gdst = c.gpu.poisoned(want32.len())?;
             c.gpu.row_patches(&gsrc, &mut gdst, &rg, Elem::Tf32)?;
             let got = c.gpu.download(&gdst)?;
-            c.check(
+            c.check_true(
                 "row_patches_tf32",
                 &format!("{case} {what} bitwise"),
-                &[bits_equal(&got, &want32) as u8 as f32],
-                &[1.0],
-                0.0,
+                bits_equal(&got, &want32),
             );
             let want16 = host::backend::cpu::layout::row_patches_bf16(&src, &rg);
             let mut gdst = c.gpu.poisoned(want16.len().div_ceil(2))?;
@@ -758,12 +748,10 @@ fn row_patches(c: &mut Ctx) -> Result<()> {
                 .flat_map(|w| [w.to_bits() as u16, (w.to_bits() >> 16) as u16])
                 .take(want16.len())
                 .collect();
-            c.check(
+            c.check_true(
                 "row_patches_bf16",
                 &format!("{case} {what} bitwise"),
-                &[(got16 == want16) as u8 as f32],
-                &[1.0],
-                0.0,
+                got16 == want16,
             );
         }
     }
@@ -1341,12 +1329,10 @@ fn dropout_forward(c: &mut Ctx) -> Result<()> {
         if p.p > 0.0 && n > 1000 {
             let kept = got.iter().filter(|v| **v != 0.0).count() as f64 / n as f64;
             let ok = (kept - (1.0 - p.p as f64)).abs() < 5.0 / (n as f64).sqrt();
-            c.check(
+            c.check_true(
                 "dropout_forward",
                 &format!("{case} keep rate {kept:.3}"),
-                &[ok as u8 as f32],
-                &[1.0],
-                0.0,
+                ok,
             );
         }
     }
