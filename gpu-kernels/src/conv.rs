@@ -1090,8 +1090,9 @@ gemm_kernels!(conv_backward_filter_nhwc16_impl (s: ConvShape, x: *const f32, dy:
 // 36 for conv1 in fp32, 40 in bf16). The filter bank goes through the same
 // kernel into `[F][KH][rw]`. Then k = (kh, j): K = KH·rw, and every vector
 // of a patch is 16 contiguous bytes of P, with no bounds checks (the
-// padding is in P). `_rows_tf32` reads fp32 copies (tiles 16 deep),
-// `_rows16_bf16` bf16 copies (32 deep).
+// padding is in P). `_rows_tf32` reads fp32 copies rounded to TF32
+// (`row_patches_tf32`; tiles 16 deep), `_rows16_bf16` bf16 copies (32
+// deep).
 // - forward: A = filter rows (K-major), B = patches (K-major).
 // - filter:  k = (n, oh, ow), N index (kh, j); A = dy (NHWC), B = P rows;
 //   needs F a multiple of the vector length. Columns j ≥ KW·C are dropped.

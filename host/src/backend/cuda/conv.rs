@@ -7,9 +7,11 @@
 //! forward and weight gradient, C_out/G for the data gradient and weight
 //! gradient, multiples of 4) takes the channels-last path: x and dy are
 //! transposed to NHWC and the filter bank to the product's k order in
-//! scratch buffers (`transpose`), and the `*_nhwc` kernels copy 16-byte
-//! vectors of channels. Results come out in the usual layouts. In bf16,
-//! where the channel counts are multiples of 8, the copies are bf16
+//! scratch buffers (`transpose_tf32` in TF32, which rounds the copies to
+//! TF32 once so that the kernels convert nothing), and the `*_nhwc` kernels
+//! copy 16-byte vectors of channels. Results come out in the usual
+//! layouts. In bf16, where the channel counts are multiples of 8, the
+//! copies are bf16
 //! (`transpose_bf16`; `*_nhwc16_bf16` kernels), halving the bytes and
 //! skipping the conversion in the inner loop.
 //!
@@ -21,9 +23,10 @@
 //! channels on the channels-last path had measured 1.5–1.8× slower.
 //!
 //! The weight gradient's GEMM has a small result (C_out/G × C_in/G·KH·KW) and a
-//! huge reduction (N·OH·OW), so it is split over K until the grid has about
-//! two blocks per SM; the slices' partials land in a workspace and
-//! `splitk_reduce` adds them in a fixed order, keeping results deterministic.
+//! huge reduction (N·OH·OW), so it is split over K until the grid fills one
+//! wave of the kernel (its occupancy from the driver); the slices' partials
+//! land in a workspace and `splitk_reduce` adds them in a fixed order,
+//! keeping results deterministic.
 
 use super::gemm::{VecTile, grid, tiles, vec_cfg};
 use super::layout::{Elem, row_patches, transpose};
