@@ -274,12 +274,9 @@ fn vec_tiled(
         .flatten();
     match (long, plain, grid) {
         (Some(l), Some(p), Some((gx, gy, gz))) if wide && be.big_tiles.is_none() => {
-            let blocks_p = gx as usize * gy as usize * gz as usize;
-            let blocks_l = gx.div_ceil(2) as usize * gy as usize * gz as usize;
-            // Busy fraction of the block slots over the launch's waves.
-            let fill =
-                |blocks: usize, wave: usize| blocks as f64 / (blocks.div_ceil(wave) * wave) as f64;
-            if fill(blocks_l, be.wave(l)) + 0.02 >= fill(blocks_p, be.wave(p)) {
+            let blocks = gy as usize * gz as usize;
+            let (narrow, broad) = (gx as usize * blocks, gx.div_ceil(2) as usize * blocks);
+            if broad_fills_as_well(broad, be.wave(l), narrow, be.wave(p)) {
                 Some((l, long_tile))
             } else {
                 Some((p, tile))
@@ -288,6 +285,14 @@ fn vec_tiled(
         (Some(l), _, _) => Some((l, long_tile)),
         (None, p, _) => p.map(|p| (p, tile)),
     }
+}
+
+/// Whether `broad` blocks of a 128-column kernel, `broad_wave` of them
+/// resident at once, keep the GPU's block slots about as busy over their
+/// waves as `narrow` blocks of its 64-column twin (within 2%).
+fn broad_fills_as_well(broad: usize, broad_wave: usize, narrow: usize, narrow_wave: usize) -> bool {
+    let fill = |blocks: usize, wave: usize| blocks as f64 / (blocks.div_ceil(wave) * wave) as f64;
+    fill(broad, broad_wave) + 0.02 >= fill(narrow, narrow_wave)
 }
 
 /// The row-patch kernel for product `base` (`{base}_rows_tf32` in TF32,
@@ -618,4 +623,36 @@ pub(super) fn conv_backward_bias(
         launch!(be, "conv_backward_bias", cfg, what; dy, &mut *ws, &n, &c, &hw32, &per32)?;
         launch!(be, "splitk_reduce", grid_1d(be, g.c_out), what; &*ws, &mut *db, &g.c_out, &parts, &0u64, &1u32)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{broad_fills_as_well, filter_splits};
+
+    /// The AlexNet launches behind the measured choices (batch 128, 132
+    /// SMs; 128×128 at two blocks per SM, 128×64 at three).
+    #[test]
+    fn wave_fill_picks_the_measured_tile() {
+        let (big, wide) = (2 * 132, 3 * 132);
+        // conv5's forward: 338 vs 676 blocks, 1.3 vs 1.7 waves → 128×64.
+        assert!(!broad_fills_as_well(338, big, 676, wide));
+        // conv3's forward: 507 vs 1014 (0.96 vs 0.85 busy) → 128×128.
+        assert!(broad_fills_as_well(507, big, 1014, wide));
+        // conv2's forward: 1458 vs 2916 (both 0.92) → 128×128.
+        assert!(broad_fills_as_well(1458, big, 2916, wide));
+    }
+
+    #[test]
+    fn filter_splits_fill_one_wave_within_limits() {
+        // conv2, TF32, batch 128: 38 blocks a slice, 396 slots → 10 slices.
+        assert_eq!(filter_splits(38, 128 * 27 * 27, 396), 10);
+        // conv3: 108 blocks a slice → 3 (not the 7 of two waves).
+        assert_eq!(filter_splits(108, 128 * 13 * 13, 396), 3);
+        // More blocks than a wave: one slice.
+        assert_eq!(filter_splits(500, 1 << 20, 396), 1);
+        // Slices stay at least 1024 deep and at most 64.
+        assert_eq!(filter_splits(1, 4096, 396), 4);
+        assert_eq!(filter_splits(1, 1 << 30, 396), 64);
+        assert_eq!(filter_splits(1, 100, 396), 1);
+    }
 }
