@@ -291,6 +291,36 @@ fn loader_resumes_mid_epoch_exactly() {
     drop(epoch);
 }
 
+/// A dropped batch's image buffer is reused for the next one, and batches
+/// built in reused buffers (of the same size, a smaller last batch, a
+/// larger one after it) equal those of a fresh loader.
+#[test]
+fn batch_buffers_are_reused_without_changing_batches() {
+    let data: Arc<dyn Dataset> = Arc::new(synthetic(10, 3, [3, 10, 10], Split::Val));
+    let cfg = LoaderConfig::eval(4, &Augment::train(8, Normalize::alexnet()));
+    let fresh = |index: usize| {
+        Loader::new(data.clone(), cfg.clone())
+            .unwrap()
+            .batch(1, index)
+            .unwrap()
+    };
+    let loader = Loader::new(data.clone(), cfg.clone()).unwrap();
+    let first = loader.batch(1, 0).unwrap();
+    let at = first.images.as_ptr();
+    drop(first);
+    let second = loader.batch(1, 1).unwrap();
+    assert_eq!(second.images.as_ptr(), at, "the buffer was not reused");
+    assert_eq!(second, fresh(1));
+    drop(second);
+    let last = loader.batch(1, 2).unwrap();
+    assert_eq!((last.n, last.images.len()), (2, 2 * 3 * 8 * 8));
+    assert_eq!(last, fresh(2));
+    drop(last);
+    assert_eq!(loader.batch(1, 0).unwrap(), fresh(0));
+    let epoch: Vec<Batch> = loader.epoch(1).collect::<Result<_>>().unwrap();
+    assert_eq!(epoch, (0..3).map(fresh).collect::<Vec<_>>());
+}
+
 #[test]
 fn shards_are_disjoint_and_cover_each_global_batch() {
     let n = 50;
@@ -317,11 +347,11 @@ fn shards_are_disjoint_and_cover_each_global_batch() {
                     assert_eq!(part.n, 2, "full batch {b} splits evenly");
                 }
                 labels.extend(&part.labels);
-                images.extend(&part.images);
+                images.extend(part.images.iter());
             }
             assert_eq!(labels, global.labels, "batch {b}: shards != global batch");
             assert_eq!(
-                images, global.images,
+                images, *global.images,
                 "batch {b}: augmentation depends on rank"
             );
             for l in labels {

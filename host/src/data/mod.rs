@@ -50,7 +50,7 @@ pub use fashion_mnist::{
     FASHION_MNIST_CLASSES, FASHION_MNIST_DEFAULT_DIR, FashionMnist, read_idx_file,
 };
 pub use folder::{FolderDataset, IMAGE_SIDE, decode_resized, list_classes};
-pub use loader::{Batch, Epoch, Loader, LoaderConfig, Views};
+pub use loader::{Batch, Epoch, Images, Loader, LoaderConfig, Views};
 pub use packed::{Packed, PrepareReport, SkippedFile, prepare, prepare_with_side};
 pub use synthetic::Synthetic;
 pub use tensor_file::SafetensorsDataset;
