@@ -418,9 +418,9 @@ fn label_tol(c: &Ctx, p: Precision) -> (String, f64) {
             "{name}{}{engine}",
             match (c.wide, c.big) {
                 (false, false) => "",
-                (false, true) => " 64x128",
-                (true, true) => " wide",
-                (true, false) => " wide 128x64",
+                (false, true) => " 128-col",
+                (true, false) if c.vec => " wide 64-col",
+                (true, _) => " wide",
             }
         ),
         tol,
