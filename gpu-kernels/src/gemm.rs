@@ -1102,7 +1102,9 @@ unsafe fn frag_words(tile: u32, x0: u32) -> [u32; 4] {
 
 /// The four fp32 words of a row-major shared tile (as [`rm_words`] reads)
 /// that lane (g, t) needs for column `x0 + g` at k = t, t+4, t+8, t+12:
-/// scalar loads, for columns kept in `mma` order.
+/// scalar loads, for columns kept in `mma` order. Conflict-free for tiles
+/// of 64 columns (the fc products); 128-column tiles' swizzle would make
+/// them 2-way conflicted (none reads them this way today).
 #[inline(always)]
 unsafe fn rm_column(tile: u32, x0: u32, rows: u32, stride: u32) -> [u32; 4] {
     let lane = tid_x() % 32;

@@ -147,16 +147,17 @@ fn default_workers() -> usize {
         .clamp(1, 16)
 }
 
-/// Image buffers of finished batches, kept for reuse (see the module docs).
+/// Image buffers of finished batches, kept for reuse (see the module docs):
+/// at most `keep`, as many as an epoch's pipeline can have in flight, so
+/// the pool holds no more than the pipeline's own peak (for the life of
+/// the loader, where it used to be freed with each epoch).
 #[derive(Default)]
 struct Pool {
     free: Mutex<Vec<Vec<f32>>>,
+    keep: usize,
 }
 
 impl Pool {
-    /// Buffers kept at most; more are freed.
-    const KEEP: usize = 64;
-
     /// A zeroed buffer of `len` values.
     fn take(&self, len: usize) -> Vec<f32> {
         let reused = self.free.lock().map(|mut f| f.pop()).unwrap_or(None);
@@ -172,7 +173,7 @@ impl Pool {
 
     fn give(&self, v: Vec<f32>) {
         if let Ok(mut free) = self.free.lock()
-            && free.len() < Self::KEEP
+            && free.len() < self.keep
             && v.capacity() > 0
         {
             free.push(v);
@@ -283,6 +284,9 @@ impl Loader {
                 dataset.describe()
             );
         }
+        // Queued (≤ prefetch + workers − 1), being built (workers), with
+        // the consumer (about two).
+        let cfg_keep = cfg.prefetch + 2 * cfg.workers + 2;
         let loader = Loader {
             inner: Arc::new(Inner {
                 dataset,
@@ -290,7 +294,10 @@ impl Loader {
                 in_shape,
                 out_shape,
                 warned: Mutex::new(HashSet::new()),
-                pool: Arc::default(),
+                pool: Arc::new(Pool {
+                    free: Mutex::default(),
+                    keep: cfg_keep,
+                }),
             }),
         };
         if loader.batches_per_epoch() == 0 && loader.inner.cfg.drop_last {

@@ -87,9 +87,13 @@ pub fn to_bf16(v: f32) -> u16 {
 }
 
 /// fp32 rounded to TF32 (10 mantissa bits; to nearest, ties away from
-/// zero, like `cvt.rna.tf32.f32`), the low 13 bits zero (finite values).
+/// zero, like `cvt.rna.tf32.f32`), the low 13 bits zero. A NaN stays a NaN
+/// (its bits are not matched).
 pub fn to_tf32(v: f32) -> f32 {
-    f32::from_bits((v.to_bits() + 0x1000) & !0x1fff)
+    if v.is_nan() {
+        return f32::NAN;
+    }
+    f32::from_bits(v.to_bits().wrapping_add(0x1000) & !0x1fff)
 }
 
 #[cfg(test)]
@@ -170,6 +174,9 @@ mod tests {
         // A carry into the exponent.
         assert_eq!(to_tf32(2.0 - 0.25 * ulp), 2.0);
         assert_eq!(to_tf32(3.3).to_bits() & 0x1fff, 0);
+        // Past the largest finite TF32 value: infinity; NaN stays NaN.
+        assert_eq!(to_tf32(f32::MAX), f32::INFINITY);
+        assert!(to_tf32(f32::from_bits(0x7f80_0001)).is_nan());
     }
 
     #[test]

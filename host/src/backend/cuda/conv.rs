@@ -479,7 +479,10 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
         });
     }
     let name = be.gemm_kernel(gemm_names!("conv_backward_filter"), wide);
-    let splits = filter_splits(blocks(&base), k, 2 * be.sm_count() as usize);
+    // The NCHW engine (fp32, and shapes the vector engine does not take)
+    // keeps its measured rule: enough slices for about two blocks per SM.
+    let want = (2 * be.sm_count() as usize).div_ceil(blocks(&base));
+    let splits = want.min(k / 1024).clamp(1, 64) as u32;
     let cfg = grid(m, n_len, g.groups * splits as usize, wide);
     FilterPlan::Gemm { name, cfg, splits }
 }
