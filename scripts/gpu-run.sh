@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU test bundle made by scripts/gpu-bundle.sh, on a machine with an
-# NVIDIA GPU (no Rust needed). Usage: bash run.sh [tests|sanitize|bench|all]
+# NVIDIA GPU (no Rust needed). Usage: bash run.sh [tests|sanitize|bench|compare|all]
+# `compare` is issue 4's table in one go: our step (TF32, bf16) and per-conv
+# kernel times, then PyTorch's on the same GPU (needs python3 with torch).
 # Logs go to $OUT (or ./gpu-logs). Exit status is non-zero if anything failed.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,9 +44,20 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   run kernels env ALEXNET_BENCH_JSON="$logs/kernel-bench.json" "$here/bin/kernels"
   if [ -f configs/alexnet.json ]; then
-    for p in fp32 tf32; do
+    for p in fp32 tf32 bf16; do
       run bench-alexnet-$p "$here/bin/host" bench configs/alexnet.json --batch-size 128,256 --profile --precision $p --device cuda --json "$logs/bench-alexnet-$p.json"
     done
+  fi
+fi
+if [ "$what" = compare ]; then
+  for p in tf32 bf16; do
+    run compare-ours-$p "$here/bin/host" bench configs/alexnet.json --batch-size 128,256 --profile --precision $p --device cuda
+  done
+  run compare-kernels "$here/bin/kernels" conv fc
+  if python3 -c 'import torch' 2>/dev/null; then
+    run compare-pytorch python3 benches/pytorch_reference.py --batch-size 128 256 --precision tf32 bf16 --layers
+  else
+    echo "=== compare-pytorch: SKIPPED (python3 cannot import torch)"
   fi
 fi
 exit $status
