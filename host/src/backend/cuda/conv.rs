@@ -267,22 +267,22 @@ fn vec_tiled(
     grid: Option<(u32, u32, u32)>,
 ) -> Option<(&'static str, VecTile)> {
     let tile = VecTile::of(wide);
-    let long_tile = if wide { VecTile::Big } else { VecTile::Long };
+    let broad_tile = if wide { VecTile::Big } else { VecTile::Long };
     let plain = be.vec_kernel(base, true, tile);
-    let long = (be.big_tiles != Some(false))
-        .then(|| be.vec_kernel(base, true, long_tile))
+    let broad = (be.big_tiles != Some(false))
+        .then(|| be.vec_kernel(base, true, broad_tile))
         .flatten();
-    match (long, plain, grid) {
-        (Some(l), Some(p), Some((gx, gy, gz))) if wide && be.big_tiles.is_none() => {
+    match (broad, plain, grid) {
+        (Some(b), Some(p), Some((gx, gy, gz))) if wide && be.big_tiles.is_none() => {
             let blocks = gy as usize * gz as usize;
-            let (narrow, broad) = (gx as usize * blocks, gx.div_ceil(2) as usize * blocks);
-            if broad_fills_as_well(broad, be.wave(l), narrow, be.wave(p)) {
-                Some((l, long_tile))
+            let (n_plain, n_broad) = (gx as usize * blocks, gx.div_ceil(2) as usize * blocks);
+            if broad_fills_as_well(n_broad, be.wave(b), n_plain, be.wave(p)) {
+                Some((b, broad_tile))
             } else {
                 Some((p, tile))
             }
         }
-        (Some(l), _, _) => Some((l, long_tile)),
+        (Some(b), _, _) => Some((b, broad_tile)),
         (None, p, _) => p.map(|p| (p, tile)),
     }
 }
