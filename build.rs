@@ -1,4 +1,8 @@
-//! Compiles `gpu-kernels` into one PTX module that `host` embeds.
+//! Compiles `gpu-kernels` into the two PTX modules that `host` embeds: the
+//! portable one (`kernels.ptx`) and the Hopper one (`kernels_sm90a.ptx`:
+//! every kernel of the first plus the `wgmma` products of the crate's
+//! `wgmma` feature, which only the architecture-specific `sm_90a` target
+//! accepts; `host` loads it on compute capability 9.0).
 //!
 //! rustc's own NVPTX backend does the work: an inner `cargo rustc` builds the
 //! kernel crate for `nvptx64-nvidia-cuda` with `-Zbuild-std=core` and fat LTO and
@@ -7,7 +11,8 @@
 //! requests would need `llvm-bitcode-linker` (not installable here); it is made a
 //! no-op with `-Clinker=true` because the PTX is already complete.
 //!
-//! `ALEXNET_CUDA_ARCH` (default `sm_90`) picks the target; any `sm_70`+ works.
+//! `ALEXNET_CUDA_ARCH` (default `sm_90`) picks the portable module's target;
+//! any `sm_70`+ works.
 //! `ALEXNET_PTX_VERSION` (default `80`, i.e. PTX ISA 8.0) picks `+ptxNN`.
 
 use std::env;
@@ -40,7 +45,41 @@ fn main() {
         "ALEXNET_CUDA_ARCH: rustc's NVPTX backend needs sm_70 or newer, got {arch}"
     );
 
-    let target_dir = out.join("gpu-kernels-target");
+    // The portable module and the Hopper one (its `wgmma` kernels need the
+    // architecture-specific `sm_90a` target), built side by side.
+    let mut base = kernel_build(&kernels, &out.join("gpu-kernels-target"), &arch, &ptx_version, false);
+    let mut hopper = kernel_build(&kernels, &out.join("gpu-kernels-target-sm90a"), "sm_90a", &ptx_version, true);
+    let (base_ok, hopper_ok) = (base.wait(), hopper.wait());
+    for (status, what) in [(base_ok, arch.as_str()), (hopper_ok, "sm_90a")] {
+        let ok = status.is_ok_and(|s| s.success());
+        assert!(ok, "build.rs: building gpu-kernels for nvptx64-nvidia-cuda ({what}) failed");
+    }
+    for (dir, file) in [
+        ("gpu-kernels-target", "kernels.ptx"),
+        ("gpu-kernels-target-sm90a", "kernels_sm90a.ptx"),
+    ] {
+        let asm = out.join(dir).join("nvptx64-nvidia-cuda/release/deps/gpu_kernels.s");
+        let ptx = std::fs::read_to_string(&asm)
+            .unwrap_or_else(|e| panic!("build.rs: no PTX at {}: {e}", asm.display()));
+        assert!(
+            ptx.contains(".entry"),
+            "build.rs: {} holds no kernel entry points",
+            asm.display()
+        );
+        write_if_changed(&out.join(file), &ptx);
+    }
+    println!("cargo:rustc-env=ALEXNET_CUDA_ARCH={arch}");
+}
+
+/// Starts `cargo rustc` on `gpu-kernels` for `arch` (with the `wgmma`
+/// feature when `wgmma`) into `target_dir`, emitting the PTX (`.s`).
+fn kernel_build(
+    kernels: &Path,
+    target_dir: &Path,
+    arch: &str,
+    ptx_version: &str,
+    wgmma: bool,
+) -> std::process::Child {
     let rustflags = [
         format!("-Ctarget-cpu={arch}"),
         format!("-Ctarget-feature=+ptx{ptx_version}"),
@@ -49,7 +88,7 @@ fn main() {
     .join("\x1f");
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(&kernels)
+    cmd.current_dir(kernels)
         .args([
             "rustc",
             "--release",
@@ -58,8 +97,11 @@ fn main() {
             "-Zbuild-std=core",
         ])
         .arg("--target-dir")
-        .arg(&target_dir)
-        .args(["--", "--emit=asm"]);
+        .arg(target_dir);
+    if wgmma {
+        cmd.args(["--features", "wgmma"]);
+    }
+    cmd.args(["--", "--emit=asm"]);
     // The outer build's settings must not leak into the kernel build.
     for var in [
         "RUSTFLAGS",
@@ -79,24 +121,8 @@ fn main() {
         }
     }
     cmd.env("CARGO_ENCODED_RUSTFLAGS", rustflags);
-    let status = cmd
-        .status()
-        .expect("build.rs: could not run cargo for gpu-kernels");
-    assert!(
-        status.success(),
-        "build.rs: building gpu-kernels for nvptx64-nvidia-cuda failed"
-    );
-
-    let asm = target_dir.join("nvptx64-nvidia-cuda/release/deps/gpu_kernels.s");
-    let ptx = std::fs::read_to_string(&asm)
-        .unwrap_or_else(|e| panic!("build.rs: no PTX at {}: {e}", asm.display()));
-    assert!(
-        ptx.contains(".entry"),
-        "build.rs: {} holds no kernel entry points",
-        asm.display()
-    );
-    write_if_changed(&out.join("kernels.ptx"), &ptx);
-    println!("cargo:rustc-env=ALEXNET_CUDA_ARCH={arch}");
+    cmd.spawn()
+        .expect("build.rs: could not run cargo for gpu-kernels")
 }
 
 fn write_if_changed(path: &Path, text: &str) {

@@ -42,6 +42,9 @@ struct Ctx {
     /// Whether the vector engine is on (the product tests run with it on and
     /// off).
     vec: bool,
+    /// Whether the vector engine's products take their warpgroup (`wgmma`)
+    /// twins where they have one (Hopper only; run with it on and off).
+    wg: bool,
 }
 
 impl Ctx {
@@ -212,6 +215,7 @@ fn main() {
         big: false,
         bf16_operands: true,
         vec: true,
+        wg: false,
     };
     let mut errors = 0;
     if small_only() {
@@ -380,21 +384,30 @@ fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> R
     result
 }
 
-/// `each_precision` with the vector engine on, then off (TF32/bf16 products
+/// `each_precision` with the vector engine on (on Hopper first with its
+/// warpgroup twins, then with `mma.sync` only), then off (TF32/bf16 products
 /// whose shapes allow it take it: channels-last convolutions and fc; see
 /// `host/src/backend/cuda/conv.rs` and `gemm.rs`).
 fn each_precision_engines(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
     let mut result = Ok(());
-    for vec in [true, false] {
+    let has_wg = c.gpu.has_wgmma();
+    for (vec, wg) in [(true, true), (true, false), (false, false)] {
+        if wg && !has_wg {
+            continue;
+        }
         c.vec = vec;
+        c.wg = wg;
         c.gpu.set_vec_engine(vec);
+        c.gpu.set_wgmma(wg);
         result = each_precision(c, test);
         if result.is_err() {
             break;
         }
     }
     c.vec = true;
+    c.wg = false;
     c.gpu.set_vec_engine(true);
+    c.gpu.set_wgmma(has_wg);
     result
 }
 
@@ -410,6 +423,8 @@ fn label_tol(c: &Ctx, p: Precision) -> (String, f64) {
         " scalar"
     } else if !c.bf16_operands {
         " fp32-operands"
+    } else if c.wg && p != Precision::Fp32 {
+        " wgmma"
     } else {
         ""
     };

@@ -715,6 +715,7 @@ impl<const H: bool> NhwcPatches<H> {
 }
 
 impl<const H: bool> VecOperand for NhwcPatches<H> {
+    const L1: bool = true;
     const K_MAJOR: bool = true;
     const HALF: bool = H;
     type Cursor = NhwcPatchCursor;
@@ -814,8 +815,14 @@ unsafe fn conv_forward_nhwc16_impl<const MODE: u8, const T: u8>(
 
 gemm_kernels!(conv_forward_nhwc_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_nhwc_tf32: TF32_ROUNDED, 0; conv_forward_nhwc_bf16: BF16, 0; conv_forward_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_forward_nhwc_tf32_big: TF32_ROUNDED, 2; conv_forward_nhwc_bf16_wide: BF16, 1);
+#[cfg(feature = "wgmma")]
+gemm_kernels!(conv_forward_nhwc_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
+    conv_forward_nhwc_tf32_wg: WGMMA, 0; conv_forward_nhwc_tf32_wg_wide: WGMMA, 1; conv_forward_nhwc_tf32_wg_big: WGMMA, 2; conv_forward_nhwc_tf32_wg_long: WGMMA, 3);
 gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_nhwc16_bf16: BF16, 0; conv_forward_nhwc16_bf16_big: BF16, 2; conv_forward_nhwc16_bf16_long: BF16, 3);
+#[cfg(feature = "wgmma")]
+gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
+    conv_forward_nhwc16_bf16_wg: WGMMA, 0; conv_forward_nhwc16_bf16_wg_wide: WGMMA, 1; conv_forward_nhwc16_bf16_wg_big: WGMMA, 2; conv_forward_nhwc16_bf16_wg_long: WGMMA, 3);
 
 /// dy (NHWC, fp32 or bf16 when `H`) gathered as B((kh,kw,f), (n,ih,iw)) for
 /// one group, K-major.
@@ -839,6 +846,7 @@ struct NhwcGradCursor {
 }
 
 impl<const H: bool> VecOperand for NhwcGradPatches<H> {
+    const L1: bool = true;
     const K_MAJOR: bool = true;
     const HALF: bool = H;
     type Cursor = NhwcGradCursor;
@@ -929,8 +937,14 @@ unsafe fn conv_backward_data_nhwc16_impl<const MODE: u8, const T: u8>(
 
 gemm_kernels!(conv_backward_data_nhwc_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
     conv_backward_data_nhwc_tf32: TF32_ROUNDED, 0; conv_backward_data_nhwc_bf16: BF16, 0; conv_backward_data_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_backward_data_nhwc_tf32_big: TF32_ROUNDED, 2; conv_backward_data_nhwc_bf16_wide: BF16, 1);
+#[cfg(feature = "wgmma")]
+gemm_kernels!(conv_backward_data_nhwc_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
+    conv_backward_data_nhwc_tf32_wg: WGMMA, 0; conv_backward_data_nhwc_tf32_wg_wide: WGMMA, 1; conv_backward_data_nhwc_tf32_wg_big: WGMMA, 2; conv_backward_data_nhwc_tf32_wg_long: WGMMA, 3);
 gemm_kernels!(conv_backward_data_nhwc16_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
     conv_backward_data_nhwc16_bf16: BF16, 0; conv_backward_data_nhwc16_bf16_big: BF16, 2; conv_backward_data_nhwc16_bf16_long: BF16, 3);
+#[cfg(feature = "wgmma")]
+gemm_kernels!(conv_backward_data_nhwc16_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
+    conv_backward_data_nhwc16_bf16_wg: WGMMA, 0; conv_backward_data_nhwc16_bf16_wg_wide: WGMMA, 1; conv_backward_data_nhwc16_bf16_wg_big: WGMMA, 2; conv_backward_data_nhwc16_bf16_wg_long: WGMMA, 3);
 
 /// x (NHWC, fp32 or bf16 when `H`) gathered as B((n,oh,ow), (kh,kw,c)) for
 /// one group, copied along c (one tap's channels per vector).
@@ -955,6 +969,7 @@ struct NhwcPositionCursor {
 }
 
 impl<const H: bool> VecOperand for NhwcPatchesT<H> {
+    const L1: bool = true;
     const K_MAJOR: bool = false;
     const HALF: bool = H;
     type Cursor = NhwcPositionCursor;
@@ -1126,6 +1141,7 @@ struct RowPatchCursor {
 }
 
 impl<const H: bool> VecOperand for RowPatches<H> {
+    const L1: bool = true;
     const K_MAJOR: bool = true;
     const HALF: bool = H;
     type Cursor = RowPatchCursor;
@@ -1213,8 +1229,14 @@ unsafe fn conv_forward_rows16_impl<const MODE: u8, const T: u8>(
 
 gemm_kernels!(conv_forward_rows_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_rows_tf32: TF32_ROUNDED, 0; conv_forward_rows_tf32_wide: TF32_ROUNDED, 1; conv_forward_rows_tf32_big: TF32_ROUNDED, 2);
+#[cfg(feature = "wgmma")]
+gemm_kernels!(conv_forward_rows_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
+    conv_forward_rows_tf32_wg: WGMMA, 0; conv_forward_rows_tf32_wg_wide: WGMMA, 1; conv_forward_rows_tf32_wg_big: WGMMA, 2; conv_forward_rows_tf32_wg_long: WGMMA, 3);
 gemm_kernels!(conv_forward_rows16_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_rows16_bf16: BF16, 0; conv_forward_rows16_bf16_big: BF16, 2);
+#[cfg(feature = "wgmma")]
+gemm_kernels!(conv_forward_rows16_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
+    conv_forward_rows16_bf16_wg: WGMMA, 0; conv_forward_rows16_bf16_wg_wide: WGMMA, 1; conv_forward_rows16_bf16_wg_big: WGMMA, 2; conv_forward_rows16_bf16_wg_long: WGMMA, 3);
 
 /// P gathered as B((n, oh, ow), (kh, j)), copied along j.
 struct RowPatchesT<const H: bool> {
@@ -1235,6 +1257,7 @@ struct RowPositionCursor {
 }
 
 impl<const H: bool> VecOperand for RowPatchesT<H> {
+    const L1: bool = true;
     const K_MAJOR: bool = false;
     const HALF: bool = H;
     type Cursor = RowPositionCursor;

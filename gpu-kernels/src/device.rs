@@ -338,21 +338,36 @@ pub fn cp_async_wait<const N: u32>() {
 /// to shared window address `dst` (`cp.async.cg`, bypassing L1), or of four
 /// zeros when `src` is `None` (source size 0; `dummy` is never read). Both
 /// addresses must be 16-byte aligned.
+/// With `L1`, the copy goes through the L1 cache (`cp.async.ca`) instead:
+/// for gathered operands that re-read the same bytes within a few tiles
+/// (a convolution's neighbouring taps).
 #[inline(always)]
-pub unsafe fn cp_async_v4(dst: u32, src: Option<*const f32>, dummy: *const f32) {
+pub unsafe fn cp_async_v4<const L1: bool>(dst: u32, src: Option<*const f32>, dummy: *const f32) {
     let (p, n) = match src {
         Some(p) => (p, 16u32),
         None => (dummy, 0u32),
     };
-    unsafe {
-        asm!(
-            "cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
-            d = in(reg32) dst,
-            s = in(reg64) p,
-            n = in(reg32) n,
-            options(nostack, preserves_flags),
-        )
-    };
+    if L1 {
+        unsafe {
+            asm!(
+                "cp.async.ca.shared.global [{d}], [{s}], 16, {n};",
+                d = in(reg32) dst,
+                s = in(reg64) p,
+                n = in(reg32) n,
+                options(nostack, preserves_flags),
+            )
+        };
+    } else {
+        unsafe {
+            asm!(
+                "cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
+                d = in(reg32) dst,
+                s = in(reg64) p,
+                n = in(reg32) n,
+                options(nostack, preserves_flags),
+            )
+        };
+    }
 }
 
 /// Four 8×8 matrices of 16-bit elements from shared memory in one warp-wide
@@ -408,4 +423,119 @@ pub fn unrolled<const N: usize>(mut f: impl FnMut(usize)) {
         ($($i:literal)*) => { $( if $i < N { f($i) } )* };
     }
     calls!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+}
+
+// ---------------------------------------------------------------------------
+// Hopper warpgroup products (`wgmma`, PTX target `sm_90a` only: instantiated
+// solely by the kernels of the `wgmma` feature's module).
+// ---------------------------------------------------------------------------
+
+/// A `wgmma` shared-memory matrix descriptor without swizzling for a tile
+/// made of 8-row × 16-byte core matrices (each 128 contiguous bytes) at
+/// window address `addr`: `lbo` bytes between core matrices adjacent along
+/// k, `sbo` between those adjacent along the rows.
+#[inline(always)]
+pub fn wg_desc(addr: u32, lbo: u32, sbo: u32) -> u64 {
+    ((addr as u64 & 0x3_ffff) >> 4) | (((lbo >> 4) as u64) << 16) | (((sbo >> 4) as u64) << 32)
+}
+
+/// `wgmma.fence`: orders this warp's earlier register and shared-memory
+/// accesses before the warpgroup's next `wgmma`s.
+#[inline(always)]
+pub fn wgmma_fence() {
+    unsafe { asm!("wgmma.fence.sync.aligned;", options(nostack, preserves_flags)) };
+}
+
+/// Closes the warpgroup's `wgmma`s issued since the last commit into one group.
+#[inline(always)]
+pub fn wgmma_commit() {
+    unsafe { asm!("wgmma.commit_group.sync.aligned;", options(nostack, preserves_flags)) };
+}
+
+/// Waits until at most `N` of the warpgroup's `wgmma` groups are pending.
+#[inline(always)]
+pub fn wgmma_wait<const N: u32>() {
+    unsafe {
+        asm!("wgmma.wait_group.sync.aligned {n};", n = const N, options(nostack, preserves_flags))
+    };
+}
+
+/// Makes this thread's generic-proxy writes to shared memory (`cp.async`
+/// copies included, once waited for) visible to the async proxy that
+/// `wgmma` reads through; a barrier then publishes them to the warpgroup.
+#[inline(always)]
+pub fn fence_proxy_async_shared() {
+    unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack, preserves_flags)) };
+}
+
+/// One `wgmma` with an fp32 accumulator `$d` (an array of `$n` registers:
+/// `$first $rest` are its indices), A and B from descriptors.
+macro_rules! wgmma_asm {
+    ($instr:literal, $tail:literal, $d:ident, $a:ident, $b:ident; $first:literal $($i:literal)*) => {
+        unsafe {
+            asm!(
+                concat!(
+                    "{{ .reg .pred p; setp.ne.b32 p, {one}, 0; ", $instr, " {{{", stringify!($first), "}",
+                    $(", {", stringify!($i), "}",)* "}}, {a}, {b}, p, ", $tail, " }}"
+                ),
+                inout(reg32) $d[$first], $(inout(reg32) $d[$i],)*
+                a = in(reg64) $a,
+                b = in(reg64) $b,
+                one = in(reg32) 1u32,
+                options(nostack),
+            )
+        }
+    };
+}
+
+/// An empty `asm!` that claims to read and write every register of `$d`:
+/// no use of an accumulator moves across it (placed after the last
+/// [`wgmma_wait`], before the epilogue reads them).
+macro_rules! wg_hold {
+    ($d:ident; $($i:literal)*) => {
+        unsafe {
+            asm!(
+                concat!("// hold", $(" {", stringify!($i), "}",)*),
+                $(inout(reg32) $d[$i],)*
+                options(nomem, nostack, preserves_flags),
+            )
+        }
+    };
+}
+
+/// `d += A·B` on the warpgroup's tensor cores for a 64×N×k tile, N = 128 or
+/// 64 (then only `d[..32]` is used), k = 8 (TF32) or 16 (`HALF`: bf16),
+/// accumulating in fp32: `wgmma.mma_async.sync.aligned.m64nNk{8,16}.f32.
+/// {tf32,bf16}`. A (64×k) and B (N×k) are K-major tiles in shared memory
+/// given by descriptors ([`wg_desc`]). Asynchronous: `d` must not be
+/// touched until [`wgmma_wait`] says its group is done. Warp w of the
+/// warpgroup, lane (g, t) = (l / 4, l % 4) holds `d[4i + v]` =
+/// D[16w + g + 8·(v / 2)][8i + 2t + v % 2].
+#[inline(always)]
+pub unsafe fn wgmma<const HALF: bool, const N: u32>(d: &mut [f32; 64], a: u64, b: u64) {
+    match (HALF, N) {
+        (false, 128) => wgmma_asm!("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32", "1, 1;", d, a, b;
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+            32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63),
+        (false, 64) => wgmma_asm!("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32", "1, 1;", d, a, b;
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31),
+        (true, 128) => wgmma_asm!("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", "1, 1, 0, 0;", d, a, b;
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+            32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63),
+        (true, 64) => wgmma_asm!("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", "1, 1, 0, 0;", d, a, b;
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31),
+        _ => unsafe { nvptx::trap() },
+    }
+}
+
+/// See [`wg_hold!`]: pins the accumulator `d` of an N-column [`wgmma`]
+/// after the final wait.
+#[inline(always)]
+pub fn wgmma_hold<const N: u32>(d: &mut [f32; 64]) {
+    if N == 128 {
+        wg_hold!(d; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+            32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63);
+    } else {
+        wg_hold!(d; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+    }
 }

@@ -35,8 +35,9 @@
 
 use crate::device::{
     bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
-    ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared, shared_addr, sync_threads,
-    tid_x, to_tf32,
+    fence_proxy_async_shared, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
+    shared_addr, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
+    wgmma_wait,
 };
 use core::arch::asm;
 
@@ -51,6 +52,10 @@ pub const BF16: u8 = 2;
 /// `row_patches_tf32`), so fragments go to the `mma` as loaded, with no
 /// conversion in the inner loop.
 pub const TF32_ROUNDED: u8 = 3;
+/// `MODE` of [`gemm_tile_v`] only: Hopper's warpgroup tensor cores
+/// ([`gemm_tile_wg`]; `sm_90a` module only), TF32 on pre-rounded operands
+/// or, with `HALF`, bf16.
+pub const WGMMA: u8 = 4;
 
 /// Columns of the C tile.
 pub const BN: u32 = 64;
@@ -578,6 +583,9 @@ unsafe fn fc_forward_h16_impl<const MODE: u8, const T: u8>(
 
 gemm_kernels!(fc_forward_h16_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
     fc_forward_vec_h16_bf16: BF16, 0; fc_forward_vec_h16_bf16_wide: BF16, 1);
+#[cfg(feature = "wgmma")]
+gemm_kernels!(fc_forward_h16_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
+    fc_forward_vec_h16_bf16_wg: WGMMA, 0; fc_forward_vec_h16_bf16_wg_wide: WGMMA, 1);
 
 /// Fully connected data gradient, `dx[b, i] = Σ_o dy[b, o]·w[o, i]`.
 ///
@@ -887,6 +895,8 @@ pub fn elem_at(p: *const f32, off: usize, half: bool) -> *const f32 {
 pub trait VecOperand {
     const K_MAJOR: bool;
     const HALF: bool;
+    /// Whether copies go through L1 (gathers that re-read bytes soon).
+    const L1: bool = false;
     type Cursor: Copy;
     /// A cursor at `k` for row/column `i0`; slot j sits `j·dk` further along
     /// k and `j·di` further along the rows/columns. No memory is touched.
@@ -944,6 +954,10 @@ pub unsafe fn gemm_tile_v<
     k_begin: u32,
     k_end: u32,
 ) {
+    if MODE == WGMMA {
+        unsafe { gemm_tile_wg::<A, B, E, T, HALF>(a, b, e, m_total, n_total, k_begin, k_end) };
+        return;
+    }
     let tid = tid_x();
     let m0 = bid_y() * vbm(T);
     let n0 = bid_x() * vbn(T);
@@ -983,7 +997,7 @@ pub unsafe fn gemm_tile_v<
             if j < a_slots {
                 let inside = k0 + a_k + a_dk * j < k_end && m0 + a_i + a_di * j < m_total;
                 let src = if inside { a.src(&ca, j as usize) } else { None };
-                unsafe { cp_async_v4(base + a_dst + a_slot * j, src, a_dummy) };
+                unsafe { cp_async_v4::<{ A::L1 }>(base + a_dst + a_slot * j, src, a_dummy) };
             }
         }
         for j in 0..4u32 {
@@ -992,7 +1006,7 @@ pub unsafe fn gemm_tile_v<
             }
             let inside = k0 + b_k + b_dk * j < k_end && n0 + b_i + b_di * j < n_total;
             let src = if inside { b.src(&cb, j as usize) } else { None };
-            unsafe { cp_async_v4(base + b_off + b_dst + b_slot * j, src, b_dummy) };
+            unsafe { cp_async_v4::<{ B::L1 }>(base + b_off + b_dst + b_slot * j, src, b_dummy) };
         }
         a.step(&mut ca);
         b.step(&mut cb);
@@ -1056,6 +1070,178 @@ pub unsafe fn gemm_tile_v<
         ($($p:literal)*) => { $( store($p, 0); store($p, 1); store($p, 2); store($p, 3); )* };
     }
     store_rows!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+}
+
+/// Bytes of one stage of the warpgroup engine: an A tile of `vbm(t)` rows
+/// and a B tile of `vbn(t)`, 64 bytes of k per row, unpadded.
+const fn wstage_bytes(t: u8) -> u32 {
+    (vbm(t) + vbn(t)) * 64
+}
+/// Shared-memory K tiles in the warpgroup engine's pipeline (copies run two
+/// tiles ahead). Six measured slower than four: the products are bound by
+/// L2 bandwidth, and shared memory taken from L1 loses the gathers' hits.
+pub const fn wstages(_t: u8) -> u32 {
+    4
+}
+/// Dynamic shared memory of the warpgroup engine, in bytes: 32 (64×64),
+/// 48 (128×64, 64×128) or 64 KiB (128×128).
+pub const fn wshared_bytes(t: u8) -> u32 {
+    wstages(t) * wstage_bytes(t)
+}
+/// Byte offset of 16-byte chunk `q` (of four along k) of row `r` in a
+/// warpgroup-engine tile: `wgmma`'s unswizzled K-major layout, core matrices
+/// of 8 rows × 16 bytes (128 contiguous bytes), the four of a row group
+/// 128 bytes apart along k ([`WG_LBO`]), row groups 512 apart ([`WG_SBO`]).
+const fn wg_offset(r: u32, q: u32) -> u32 {
+    (r / 8) * WG_SBO + q * WG_LBO + (r % 8) * 16
+}
+const WG_LBO: u32 = 128;
+const WG_SBO: u32 = 512;
+
+/// The warpgroup engine (Hopper, `wgmma`): the tile of [`gemm_tile_v`]
+/// (same shapes, operands, cursors, copy slots and epilogue), both operands
+/// K-major, stored as TF32-rounded fp32 or (`HALF`) bf16, 64 bytes of k per
+/// tile (8 or 16 k per `wgmma`, two per tile). The block's four warps form
+/// one warpgroup; per tile it issues one `wgmma` m64n`BN` per 64 rows and k
+/// step, asynchronously: the copies of tile t + 2 are issued while those of
+/// t run, and a stage is refilled only after every warp has waited for the
+/// `wgmma`s that read it (the barrier of the tile after next).
+/// [`wstages`] stages of [`wg_offset`]-laid tiles. Accumulators: rows
+/// `64h + 16w + …` of warp w in `acc[h]` (see [`wgmma`]).
+#[inline(always)]
+pub unsafe fn gemm_tile_wg<A: VecOperand, B: VecOperand, E: Epilogue, const T: u8, const HALF: bool>(
+    a: &A,
+    b: &B,
+    e: &E,
+    m_total: u32,
+    n_total: u32,
+    k_begin: u32,
+    k_end: u32,
+) {
+    if !A::K_MAJOR || !B::K_MAJOR {
+        unsafe { core::arch::nvptx::trap() };
+    }
+    let tid = tid_x();
+    let m0 = bid_y() * vbm(T);
+    let n0 = bid_x() * vbn(T);
+    let smem = shared_addr(shared::<f32>());
+    let stage_bytes = wstage_bytes(T);
+    let b_off = vbm(T) * 64;
+    let bk = vbk(HALF);
+    // Thread: chunk q of row r (and of rows r + 32j, slot j).
+    let (q, r) = (tid % 4, tid / 4);
+    let dst = wg_offset(r, q);
+    let slot_bytes = wg_offset(VSLOT_ROWS, 0);
+    let kq = vlen(HALF) * q;
+    let mut ca = a.open(k_begin + kq, m0 + r, 0, VSLOT_ROWS);
+    let mut cb = b.open(k_begin + kq, n0 + r, 0, VSLOT_ROWS);
+    let (a_dummy, b_dummy) = (a.base(), b.base());
+    let (a_slots, b_slots) = (vbm(T) / VSLOT_ROWS, vbn(T) / VSLOT_ROWS);
+    let mut issue = |stage: u32, k0: u32| {
+        let base = smem + stage * stage_bytes;
+        let k_in = k0 + kq < k_end;
+        for j in 0..4u32 {
+            if j < a_slots {
+                let inside = k_in && m0 + r + VSLOT_ROWS * j < m_total;
+                let src = if inside { a.src(&ca, j as usize) } else { None };
+                unsafe { cp_async_v4::<{ A::L1 }>(base + dst + slot_bytes * j, src, a_dummy) };
+            }
+        }
+        for j in 0..4u32 {
+            if j < b_slots {
+                let inside = k_in && n0 + r + VSLOT_ROWS * j < n_total;
+                let src = if inside { b.src(&cb, j as usize) } else { None };
+                unsafe { cp_async_v4::<{ B::L1 }>(base + b_off + dst + slot_bytes * j, src, b_dummy) };
+            }
+        }
+        a.step(&mut ca);
+        b.step(&mut cb);
+    };
+
+    let tiles = if k_end > k_begin {
+        (k_end - k_begin).div_ceil(bk)
+    } else {
+        0
+    };
+    let n_stages = wstages(T);
+    for t in 0..n_stages - 2 {
+        if t < tiles {
+            issue(t, k_begin + t * bk);
+        }
+        cp_async_commit();
+    }
+    let (mut acc0, mut acc1) = ([0.0f32; 64], [0.0f32; 64]);
+    for t in 0..tiles {
+        // Tile t's copies are in (the newest one group may be pending),
+        // visible to the async proxy, and every warp has passed the wait
+        // for tile t − 1's `wgmma`s: tile t − 2's stage is free.
+        match n_stages {
+            4 => cp_async_wait::<1>(),
+            6 => cp_async_wait::<3>(),
+            _ => cp_async_wait::<5>(),
+        }
+        fence_proxy_async_shared();
+        sync_threads();
+        let ahead = t + n_stages - 2;
+        if ahead < tiles {
+            issue(ahead % n_stages, k_begin + ahead * bk);
+        }
+        cp_async_commit();
+
+        let a_s = smem + (t % n_stages) * stage_bytes;
+        let b_s = a_s + b_off;
+        wgmma_fence();
+        for s in 0..2u32 {
+            let db = wg_desc(b_s + 2 * WG_LBO * s, WG_LBO, WG_SBO);
+            let da = |h: u32| wg_desc(a_s + 8 * WG_SBO * h + 2 * WG_LBO * s, WG_LBO, WG_SBO);
+            if vbn(T) == 128 {
+                unsafe { wgmma::<HALF, 128>(&mut acc0, da(0), db) };
+                if vbm(T) == 128 {
+                    unsafe { wgmma::<HALF, 128>(&mut acc1, da(1), db) };
+                }
+            } else {
+                unsafe { wgmma::<HALF, 64>(&mut acc0, da(0), db) };
+                if vbm(T) == 128 {
+                    unsafe { wgmma::<HALF, 64>(&mut acc1, da(1), db) };
+                }
+            }
+        }
+        wgmma_commit();
+        wgmma_wait::<1>();
+    }
+    wgmma_wait::<0>();
+    cp_async_wait::<0>();
+    if vbn(T) == 128 {
+        wgmma_hold::<128>(&mut acc0);
+        wgmma_hold::<128>(&mut acc1);
+    } else {
+        wgmma_hold::<64>(&mut acc0);
+        wgmma_hold::<64>(&mut acc1);
+    }
+
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, tq) = (lane / 4, lane % 4);
+    let store = |h: u32, acc: &[f32; 64], i: usize, v: usize| {
+        let m = m0 + 64 * h + 16 * warp + g + 8 * (v as u32 / 2);
+        let n = n0 + 8 * i as u32 + 2 * tq + v as u32 % 2;
+        if m < m_total && n < n_total {
+            unsafe { e.store(m, n, acc[4 * i + v]) };
+        }
+    };
+    let store_half = |h: u32, acc: &[f32; 64]| {
+        unrolled::<16>(|i| {
+            if i < (vbn(T) / 8) as usize {
+                store(h, acc, i, 0);
+                store(h, acc, i, 1);
+                store(h, acc, i, 2);
+                store(h, acc, i, 3);
+            }
+        })
+    };
+    store_half(0, &acc0);
+    if vbm(T) == 128 {
+        store_half(1, &acc1);
+    }
 }
 
 /// Tile coordinates of the vector engine's accumulator `acc[p][v]`: warp w

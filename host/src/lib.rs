@@ -17,3 +17,6 @@ pub mod train;
 
 /// The PTX module built from `gpu-kernels` by `build.rs`.
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
+/// The Hopper module (`sm_90a`): every kernel of [`PTX`] plus the `wgmma`
+/// products, loaded on GPUs of compute capability 9.0.
+pub const PTX_SM90A: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels_sm90a.ptx"));

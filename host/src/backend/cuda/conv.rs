@@ -100,7 +100,7 @@ pub(super) fn conv_forward(
     );
     let what = || format!("{g:?}");
     let (cg, kk) = (g.c_in / g.groups, g.k_h * g.k_w);
-    if let Some((name, half, rw, tile)) = row_path(be, g, "conv_forward", wide, Some(cfg.grid_dim))
+    if let Some((name, half, rw)) = row_path(be, g, "conv_forward", wide, Some(cfg.grid_dim))
     {
         let (pg, wg) = (RowGeom::patches(g, rw), RowGeom::filters(g, rw));
         return cut_rows(be, Scratch::X, x, &pg, half, |p| {
@@ -110,12 +110,12 @@ pub(super) fn conv_forward(
                 w,
                 &wg,
                 half,
-                |wr| launch!(be, name, vec_cfg(cfg, tile), what; &s, p, wr, bias, y),
+                |wr| launch!(be, name, vec_cfg(cfg, name), what; &s, p, wr, bias, y),
             )
         });
     }
     let fits = [cg.is_multiple_of(4), cg.is_multiple_of(8)];
-    if let Some((name, half, tile)) =
+    if let Some((name, half)) =
         channels_last(be, "conv_forward", fits, wide, Some(cfg.grid_dim))
     {
         let x_dims = [g.n, g.c_in, g.h * g.w];
@@ -127,7 +127,7 @@ pub(super) fn conv_forward(
                 [g.c_out, cg, kk],
                 cg,
                 half,
-                |wt| launch!(be, name, vec_cfg(cfg, tile), what; &s, xt, wt, bias, y),
+                |wt| launch!(be, name, vec_cfg(cfg, name), what; &s, xt, wt, bias, y),
             )
         });
     }
@@ -187,12 +187,12 @@ fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
     let (cg, fg) = (g.c_in / g.groups, g.c_out / g.groups);
     let (cfg, wide) = tiles(be, cg, g.n * g.h * g.w, g.groups);
     let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
-    let (name, half, tile) =
+    let (name, half) =
         channels_last(be, "conv_backward_data", fits, wide, Some(cfg.grid_dim))?;
     Some(VecPlan {
         name,
         half,
-        cfg: vec_cfg(cfg, tile),
+        cfg: vec_cfg(cfg, name),
     })
 }
 
@@ -224,8 +224,8 @@ fn data_from_nhwc(
     )
 }
 
-/// The channels-last kernel for product `base`, whether it reads bf16
-/// operands, and its tile shape: `{base}_nhwc16_bf16` in bf16 where
+/// The channels-last kernel for product `base` and whether it reads bf16
+/// operands: `{base}_nhwc16_bf16` in bf16 where
 /// `fits[1]` (and bf16 operands are on), else `{base}_nhwc_{tf32|bf16}`
 /// where `fits[0]`; `grid` as `vec_tiled` takes it.
 fn channels_last(
@@ -234,22 +234,22 @@ fn channels_last(
     fits: [bool; 2],
     wide: bool,
     grid: Option<(u32, u32, u32)>,
-) -> Option<(&'static str, bool, VecTile)> {
+) -> Option<(&'static str, bool)> {
     if fits[1]
         && be.bf16_operands
-        && let Some((k, tile)) = vec_tiled(be, &format!("{base}_nhwc16"), wide, grid)
+        && let Some(k) = vec_tiled(be, &format!("{base}_nhwc16"), wide, grid)
     {
-        return Some((k, true, tile));
+        return Some((k, true));
     }
     if !fits[0] {
         return None;
     }
-    vec_tiled(be, &format!("{base}_nhwc"), wide, grid).map(|(k, tile)| (k, false, tile))
+    vec_tiled(be, &format!("{base}_nhwc"), wide, grid).map(|k| (k, false))
 }
 
-/// Vector kernel `base` (see `vec_kernel`) and its tile shape: 64 or 128
-/// rows as `wide` says, then the 128-column variant if `base` has one and
-/// big tiles are not off:
+/// Vector kernel `base` (see `vec_kernel`; its name gives its tile shape):
+/// 64 or 128 rows as `wide` says, then the 128-column variant if `base` has
+/// one and big tiles are not off:
 /// - 64×128 (`_long`: the bf16 forward and data gradients) wherever it
 ///   exists: faster than 64×64 on every AlexNet layer (conv2's data
 ///   gradient 0.54 → 0.48 ms at batch 128). TF32 has none: at 174–180
@@ -265,7 +265,7 @@ fn vec_tiled(
     base: &str,
     wide: bool,
     grid: Option<(u32, u32, u32)>,
-) -> Option<(&'static str, VecTile)> {
+) -> Option<&'static str> {
     let tile = VecTile::of(wide);
     let broad_tile = if wide { VecTile::Big } else { VecTile::Long };
     let plain = be.vec_kernel(base, true, tile);
@@ -277,13 +277,13 @@ fn vec_tiled(
             let blocks = gy as usize * gz as usize;
             let (n_plain, n_broad) = (gx as usize * blocks, gx.div_ceil(2) as usize * blocks);
             if broad_fills_as_well(n_broad, be.wave(b), n_plain, be.wave(p)) {
-                Some((b, broad_tile))
+                Some(b)
             } else {
-                Some((p, tile))
+                Some(p)
             }
         }
-        (Some(b), _, _) => Some((b, broad_tile)),
-        (None, p, _) => p.map(|p| (p, tile)),
+        (Some(b), _, _) => Some(b),
+        (None, p, _) => p,
     }
 }
 
@@ -306,19 +306,19 @@ fn row_path(
     base: &str,
     wide: bool,
     grid: Option<(u32, u32, u32)>,
-) -> Option<(&'static str, bool, usize, VecTile)> {
+) -> Option<(&'static str, bool, usize)> {
     if g.groups != 1 || g.c_in.is_multiple_of(4) {
         return None;
     }
     let half = be.precision == crate::config::Precision::Bf16 && be.bf16_operands;
-    let (name, tile) = vec_tiled(
+    let name = vec_tiled(
         be,
         &format!("{base}_rows{}", if half { "16" } else { "" }),
         wide,
         grid,
     )?;
     let rw = (g.k_w * g.c_in).next_multiple_of(if half { 8 } else { 4 });
-    Some((name, half, rw, tile))
+    Some((name, half, rw))
 }
 
 /// How the vector kernels' operand copies are stored: bf16 when `half`;
@@ -448,11 +448,11 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
     let cg = g.c_in / g.groups;
     let base = grid(m, n_len, g.groups, wide);
     let rows = row_path(be, g, "conv_backward_filter", wide, None)
-        .filter(|&(_, half, _, _)| m.is_multiple_of(if half { 8 } else { 4 }));
-    if let Some((name, half, rw, tile)) = rows {
-        let one = vec_cfg(grid(m, g.k_h * rw, 1, wide), tile);
+        .filter(|&(_, half, _)| m.is_multiple_of(if half { 8 } else { 4 }));
+    if let Some((name, half, rw)) = rows {
+        let one = vec_cfg(grid(m, g.k_h * rw, 1, wide), name);
         let splits = filter_splits(blocks(&one), k, be.wave(name));
-        let cfg = vec_cfg(grid(m, g.k_h * rw, splits as usize, wide), tile);
+        let cfg = vec_cfg(grid(m, g.k_h * rw, splits as usize, wide), name);
         let plan = VecPlan { name, half, cfg };
         return FilterPlan::Vec(VecFilter {
             plan,
@@ -464,13 +464,13 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
         cg.is_multiple_of(4) && m.is_multiple_of(4),
         cg.is_multiple_of(8) && m.is_multiple_of(8),
     ];
-    if let Some((name, half, tile)) = channels_last(be, "conv_backward_filter", fits, wide, None) {
-        let splits = filter_splits(blocks(&vec_cfg(base, tile)), k, be.wave(name));
+    if let Some((name, half)) = channels_last(be, "conv_backward_filter", fits, wide, None) {
+        let splits = filter_splits(blocks(&vec_cfg(base, name)), k, be.wave(name));
         let cfg = grid(m, n_len, g.groups * splits as usize, wide);
         let plan = VecPlan {
             name,
             half,
-            cfg: vec_cfg(cfg, tile),
+            cfg: vec_cfg(cfg, name),
         };
         return FilterPlan::Vec(VecFilter {
             plan,

@@ -84,29 +84,43 @@ impl VecTile {
     }
 }
 
-/// `cfg` (a grid of 64-column tiles of 64 or 128 rows) for a vector-engine
-/// kernel of shape `tile`: 128-column tiles halve grid x; blocks of
-/// `gemm::VTHREADS` (128) threads with `gemm::vshared_bytes` of shared
-/// memory (4 stages of 64 + 64 rows, or 3 of 128 + 64, 64 + 128 or
-/// 128 + 128, × 80 bytes).
-pub(super) fn vec_cfg(cfg: LaunchConfig, tile: VecTile) -> LaunchConfig {
+/// `cfg` (a grid of 64-column tiles of 64 or 128 rows) for vector-engine
+/// kernel `name`, its tile shape from the name's suffix: 128-column tiles
+/// halve grid x; blocks of `gemm::VTHREADS` (128) threads with
+/// `gemm::vshared_bytes` of shared memory (4 stages of 64 + 64 rows, or 3
+/// of 128 + 64, 64 + 128 or 128 + 128, × 80 bytes), or for the warpgroup
+/// engine (`_wg` kernels) `gemm::wshared_bytes` (4 stages of the rows × 64
+/// bytes).
+pub(super) fn vec_cfg(cfg: LaunchConfig, name: &str) -> LaunchConfig {
     let (gx, gy, gz) = cfg.grid_dim;
-    let (stages, rows, gx) = match tile {
+    let (stages, rows, gx) = match VecTile::of_name(name) {
         VecTile::Narrow => (4, 128, gx),
         VecTile::Wide => (3, 192, gx),
         VecTile::Big => (3, 256, gx.div_ceil(2)),
         VecTile::Long => (3, 192, gx.div_ceil(2)),
     };
+    let shared_mem_bytes = if is_wg_kernel(name) {
+        4 * rows * 64
+    } else {
+        stages * rows * 80
+    };
     LaunchConfig {
         grid_dim: (gx, gy, gz),
         block_dim: (128, 1, 1),
-        shared_mem_bytes: stages * rows * 80,
+        shared_mem_bytes,
     }
 }
 
-/// The vector engine's largest dynamic shared memory (3 stages of 256 rows
-/// of 80 bytes), over the 48 KiB a kernel gets without opting in.
-pub(super) const VEC_SHARED_MAX: i32 = 3 * 256 * 80;
+/// Whether `name` runs on the warpgroup engine (`gemm_tile_wg`, Hopper's
+/// `wgmma`; only in the `sm_90a` module).
+pub(super) fn is_wg_kernel(name: &str) -> bool {
+    name.contains("_wg")
+}
+
+/// The vector engines' largest dynamic shared memory (4 stages of 256 rows
+/// of 64 bytes for the warpgroup engine's 128×128 tiles), over the 48 KiB a
+/// kernel gets without opting in.
+pub(super) const VEC_SHARED_MAX: i32 = 4 * 256 * 64;
 
 /// Whether kernel `name` runs on the vector engine (and so needs
 /// [`VEC_SHARED_MAX`] bytes of dynamic shared memory allowed).
@@ -129,10 +143,10 @@ fn pick(
     let tile = VecTile::of(wide);
     let half = fits[1] && be.bf16_operands;
     if let Some(name) = be.vec_kernel(&format!("{}_vec_h16", names[0]), half, tile) {
-        return (name, vec_cfg(cfg, tile), true);
+        return (name, vec_cfg(cfg, name), true);
     }
     match be.vec_kernel(&format!("{}_vec", names[0]), fits[0], tile) {
-        Some(name) => (name, vec_cfg(cfg, tile), false),
+        Some(name) => (name, vec_cfg(cfg, name), false),
         None => (be.gemm_kernel(names, wide), cfg, false),
     }
 }

@@ -145,6 +145,37 @@ const KERNELS: &[&str] = &[
     "sgd_update",
 ];
 
+/// Kernels only the Hopper module provides (the warpgroup engine's
+/// products, `gemm_tile_wg`).
+const WG_KERNELS: &[&str] = &[
+    "conv_forward_nhwc_tf32_wg",
+    "conv_forward_nhwc_tf32_wg_wide",
+    "conv_forward_nhwc_tf32_wg_big",
+    "conv_forward_nhwc_tf32_wg_long",
+    "conv_forward_nhwc16_bf16_wg",
+    "conv_forward_nhwc16_bf16_wg_wide",
+    "conv_forward_nhwc16_bf16_wg_big",
+    "conv_forward_nhwc16_bf16_wg_long",
+    "conv_backward_data_nhwc_tf32_wg",
+    "conv_backward_data_nhwc_tf32_wg_wide",
+    "conv_backward_data_nhwc_tf32_wg_big",
+    "conv_backward_data_nhwc_tf32_wg_long",
+    "conv_backward_data_nhwc16_bf16_wg",
+    "conv_backward_data_nhwc16_bf16_wg_wide",
+    "conv_backward_data_nhwc16_bf16_wg_big",
+    "conv_backward_data_nhwc16_bf16_wg_long",
+    "conv_forward_rows_tf32_wg",
+    "conv_forward_rows_tf32_wg_wide",
+    "conv_forward_rows_tf32_wg_big",
+    "conv_forward_rows_tf32_wg_long",
+    "conv_forward_rows16_bf16_wg",
+    "conv_forward_rows16_bf16_wg_wide",
+    "conv_forward_rows16_bf16_wg_big",
+    "conv_forward_rows16_bf16_wg_long",
+    "fc_forward_vec_h16_bf16_wg",
+    "fc_forward_vec_h16_bf16_wg_wide",
+];
+
 /// What `host devices` prints for one GPU.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
@@ -248,6 +279,13 @@ pub struct CudaBackend {
     /// fills the GPU's waves about as well (see `conv.rs`), `Some(on)`
     /// always or never (`ALEXNET_BIG_TILES=1|0`; benchmarks and tests).
     big_tiles: Option<bool>,
+    /// Whether the loaded module is the Hopper one, with the warpgroup
+    /// engine's kernels (see `crate::PTX_SM90A`).
+    has_wgmma: bool,
+    /// Whether vector-engine products that have a warpgroup-engine twin
+    /// (`_wg`) use it (default where the module has them; tests turn it off
+    /// to cover the `mma.sync` kernels too).
+    wgmma: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
     scratch: [Mutex<Option<CudaSlice<f32>>>; 3],
@@ -304,17 +342,26 @@ impl CudaBackend {
         // per-buffer event tracking would only add overhead.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(gpu_err)?;
+        // Hopper (9.0) gets the sm_90a module and its `wgmma` kernels unless
+        // `ALEXNET_WGMMA=0`.
+        let hopper = ctx.compute_capability().map_err(gpu_err)? == (9, 0)
+            && std::env::var("ALEXNET_WGMMA").map_or(true, |v| v != "0");
+        let (ptx, arch) = if hopper {
+            (crate::PTX_SM90A, "sm_90a")
+        } else {
+            (crate::PTX, env!("ALEXNET_CUDA_ARCH"))
+        };
         let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(crate::PTX))
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(|e| {
                 anyhow!(
-                    "loading the PTX module (built for {}) failed: {e}; the driver must JIT PTX ISA 8.0 (CUDA 12.0+ driver) for an sm_70+ GPU",
-                    env!("ALEXNET_CUDA_ARCH")
+                    "loading the PTX module (built for {arch}) failed: {e}; the driver must JIT PTX ISA 8.0 (CUDA 12.0+ driver) for an sm_70+ GPU"
                 )
             })?;
         let mut funcs = HashMap::new();
         let mut resident = HashMap::new();
-        for &name in KERNELS {
+        let wg_kernels = if hopper { WG_KERNELS } else { &[] };
+        for &name in KERNELS.iter().chain(wg_kernels) {
             let f = module
                 .load_function(name)
                 .with_context(|| format!("kernel {name} is missing from the PTX module"))?;
@@ -325,7 +372,7 @@ impl CudaBackend {
                 )
                 .map_err(|e| anyhow!("allowing {name} its shared memory failed: {e}"))?;
                 let cfg =
-                    gemm::vec_cfg(LaunchConfig::for_num_elems(1), gemm::VecTile::of_name(name));
+                    gemm::vec_cfg(LaunchConfig::for_num_elems(1), name);
                 let blocks = f
                     .occupancy_max_active_blocks_per_multiprocessor(
                         cfg.block_dim.0,
@@ -367,6 +414,8 @@ impl CudaBackend {
                 Ok("1") => Some(true),
                 _ => None,
             },
+            has_wgmma: hopper,
+            wgmma: hopper,
             scratch: Default::default(),
         })
     }
@@ -412,7 +461,9 @@ impl CudaBackend {
 
     /// The vector-engine kernel `{base}_{tf32|bf16}{tile suffix}` when the
     /// precision and the shape (`fits`) allow it, the engine is on and that
-    /// tile shape exists for it.
+    /// tile shape exists for it; its warpgroup-engine twin
+    /// `{base}_{tf32|bf16}_wg{tile suffix}` instead where the Hopper module
+    /// has one.
     fn vec_kernel(&self, base: &str, fits: bool, tile: gemm::VecTile) -> Option<&'static str> {
         use crate::config::Precision;
         if !self.vec_engine || !fits {
@@ -424,7 +475,22 @@ impl CudaBackend {
             Precision::Bf16 => "bf16",
         };
         let name = format!("{base}_{p}{}", tile.suffix());
-        KERNELS.iter().copied().find(|k| *k == name)
+        let wg = format!("{base}_{p}_wg{}", tile.suffix());
+        let wg = self.wgmma.then_some(wg);
+        wg.iter()
+            .chain([&name])
+            .find_map(|n| self.funcs.get_key_value(n.as_str()).map(|(k, _)| *k))
+    }
+
+    /// Whether this GPU runs the warpgroup engine's `wgmma` kernels (Hopper,
+    /// with the `sm_90a` module loaded).
+    pub fn has_wgmma(&self) -> bool {
+        self.has_wgmma
+    }
+
+    /// Turns the warpgroup engine on or off (where the GPU has it).
+    pub fn set_wgmma(&mut self, on: bool) {
+        self.wgmma = on && self.has_wgmma;
     }
 
     /// Chooses the GEMM engine's tile height (see [`GemmTiles`]).
