@@ -399,21 +399,21 @@ fn main() -> Result<()> {
         })?;
     }
 
+    // One step throughout: a new step would add the write of the per-step
+    // values (8 bytes, queued before the launch) to the kernel's time.
     let drop_len = n * 4096;
     let mut d = rand_buf(&b.be, drop_len, 500)?;
-    let mut step = 0u64;
     b.run(
         "dropout_forward",
         "fc6 out",
         0.0,
         8.0 * drop_len as f64,
         |be| {
-            step += 1;
             be.dropout_forward(
                 &DropoutParams {
                     p: 0.5,
                     seed: 1,
-                    step,
+                    step: 1,
                 },
                 &mut d,
             )
@@ -460,20 +460,54 @@ fn main() -> Result<()> {
         be.label_rank(n, classes, &logits, &labels, &mut rank)
     })?;
 
-    let plen = 4096 * 9216;
-    let (mut w, g, mut v) = (
-        rand_buf(&b.be, plen, 700)?,
-        rand_buf(&b.be, plen, 701)?,
-        rand_buf(&b.be, plen, 702)?,
-    );
+    // The SGD update of all 16 AlexNet parameter tensors (62M values; 20
+    // bytes each: w, g, v read, w, v written): one launch, and for
+    // comparison one launch per tensor (as before `sgd_update_all`).
+    let alexnet = host::config::Config::from_str(
+        include_str!("../configs/alexnet.json"),
+        "configs/alexnet.json",
+    )?;
+    let mut params = alexnet
+        .model
+        .param_shapes()
+        .iter()
+        .enumerate()
+        .map(|(i, (_, shape))| {
+            let len = shape.iter().product();
+            let seed = 700 + 3 * i as u64;
+            Ok([
+                rand_buf(&b.be, len, seed)?,
+                rand_buf(&b.be, len, seed + 1)?,
+                rand_buf(&b.be, len, seed + 2)?,
+            ])
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let total: usize = params.iter().map(|[w, _, _]| w.len()).sum();
     let p = SgdParams {
         lr: 0.01,
         momentum: 0.9,
         weight_decay: 5e-4,
         rule: SgdRule::Pytorch,
     };
-    b.run("sgd_update", "fc6.weight", 0.0, 20.0 * plen as f64, |be| {
-        be.sgd_update(&p, &mut w, &g, &mut v)
+    let mut table = host::backend::cuda::SgdTable::default();
+    let bytes = 20.0 * total as f64;
+    b.run("sgd_update_all", "alexnet, 1 launch", 0.0, bytes, |be| {
+        let mut t: Vec<_> = params
+            .iter_mut()
+            .map(|[w, g, v]| SgdTensor { w, g: &*g, v })
+            .collect();
+        be.sgd_update_all(&p, &mut t, &mut table)
+    })?;
+    let mut tables: Vec<_> = params
+        .iter()
+        .map(|_| host::backend::cuda::SgdTable::default())
+        .collect();
+    let launches = format!("alexnet, {} launches", params.len());
+    b.run("sgd_update_all", &launches, 0.0, bytes, |be| {
+        for ([w, g, v], table) in params.iter_mut().zip(&mut tables) {
+            be.sgd_update_all(&p, &mut [SgdTensor { w, g: &*g, v }], table)?;
+        }
+        Ok(())
     })?;
 
     let path =

@@ -47,6 +47,10 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     for p in fp32 tf32 bf16; do
       run bench-alexnet-$p "$here/bin/host" bench configs/alexnet.json --batch-size 128,256 --profile --precision $p --device cuda --json "$logs/bench-alexnet-$p.json"
     done
+    # The same step without the CUDA graph, to compare.
+    for p in tf32 bf16; do
+      run bench-alexnet-$p-eager "$here/bin/host" bench configs/alexnet.json --batch-size 128,256 --precision $p --device cuda --no-graph --json "$logs/bench-alexnet-$p-eager.json"
+    done
   fi
 fi
 if [ "$what" = compare ]; then

@@ -7,11 +7,12 @@
 //! Tolerances: 1e-5 for fp32 products and sums (the f64 reference differs
 //! from fp32 accumulation by about ε·√K ≈ 6e-8·60 for K ≈ 4k), 1e-5 for LRN and
 //! softmax (PTX ex2/lg2 have ~2^-22 relative error), 0 where the GPU must be
-//! bit-identical (dropout masks, pooling forward, ranks). The conv and fc
-//! products also run in TF32 (operands rounded to 10 mantissa bits, relative
-//! error ≤ 2^-11 each, ≈ 4e-4 on a product of random values): tolerance 1e-3;
-//! and in bf16 (8 mantissa bits, ≤ 2^-9 each, ≈ 3e-3 on a product of random
-//! values, summed in fp32): tolerance 1e-2.
+//! bit-identical (dropout masks, pooling forward, ranks, the SGD update, and
+//! a step replayed as a CUDA graph against the same step run eagerly). The
+//! conv and fc products also run in TF32 (operands rounded to 10 mantissa
+//! bits, relative error ≤ 2^-11 each, ≈ 4e-4 on a product of random values):
+//! tolerance 1e-3; and in bf16 (8 mantissa bits, ≤ 2^-9 each, ≈ 3e-3 on a
+//! product of random values, summed in fp32): tolerance 1e-2.
 //!
 //! A custom harness (no libtest): without a GPU it prints one SKIPPED line per
 //! test and a summary saying why, so a skip is never mistaken for a pass.
@@ -164,8 +165,9 @@ const TESTS: &[(&str, Test)] = &[
     ("softmax_xent_forward", softmax_xent_forward),
     ("softmax_xent_backward", softmax_xent_backward),
     ("label_rank", label_rank),
-    ("sgd_update", sgd_update),
+    ("sgd_update_all", sgd_update_all),
     ("train_steps", train_steps),
+    ("train_steps_graph", train_steps_graph),
     ("staged_writes", staged_writes),
 ];
 
@@ -1454,39 +1456,95 @@ fn label_rank(c: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-fn sgd_update(c: &mut Ctx) -> Result<()> {
+/// `sgd_update_all` against its CPU twin, bit for bit (tolerance 0: the
+/// same fp32 operations in the same order, `mul.rn`/`add.rn` in the PTX, no
+/// fused multiply-add), for both rules: a list of odd lengths around the
+/// kernel's 1024-element chunk (an empty tensor included) and AlexNet's 16
+/// parameter tensors. Each list is updated twice with one table and a new
+/// learning rate and momentum the second time (the per-step values must be
+/// rewritten); then the table is reused for a shorter list (rebuilt), and
+/// the tensors left out must stay untouched.
+fn sgd_update_all(c: &mut Ctx) -> Result<()> {
+    let alexnet = host::config::Config::from_str(
+        include_str!("../configs/alexnet.json"),
+        "configs/alexnet.json",
+    )?;
+    let alexnet_lens: Vec<usize> = alexnet
+        .model
+        .param_shapes()
+        .iter()
+        .map(|(_, s)| s.iter().product())
+        .collect();
+    let cases = keep(vec![
+        (
+            "odd lengths",
+            vec![1usize, 0, 1023, 1024, 1025, 4099, 3, 77_777],
+        ),
+        ("alexnet 16 tensors", alexnet_lens),
+    ]);
     for rule in [SgdRule::Pytorch, SgdRule::Paper] {
-        for &(case, n) in &[
-            ("n=1", 1usize),
-            ("n=1001", 1001),
-            ("alexnet fc6.weight", 4096 * 9216),
-        ] {
-            let p = SgdParams {
-                lr: 0.01,
-                momentum: 0.9,
-                weight_decay: 5e-4,
-                rule,
-            };
-            let (w, g, v) = (c.randn(n, 0.01), c.randn(n, 1.0), c.randn(n, 0.1));
-            let (mut ww, mut wv) = (w.clone(), v.clone());
-            c.cpu.sgd_update(&p, &mut ww, &g, &mut wv)?;
-            let (mut gw, gg, mut gv) = (c.gpu.upload(&w)?, c.gpu.upload(&g)?, c.gpu.upload(&v)?);
-            c.gpu.sgd_update(&p, &mut gw, &gg, &mut gv)?;
-            let (got_w, got_v) = (c.gpu.download(&gw)?, c.gpu.download(&gv)?);
-            c.check(
-                "sgd_update",
-                &format!("{rule:?} {case} w"),
-                &got_w,
-                &ww,
-                1e-6,
-            );
-            c.check(
-                "sgd_update",
-                &format!("{rule:?} {case} v"),
-                &got_v,
-                &wv,
-                1e-6,
-            );
+        for (case, lens) in &cases {
+            let host: Vec<[Vec<f32>; 3]> = lens
+                .iter()
+                .map(|&n| [c.randn(n, 0.01), c.randn(n, 1.0), c.randn(n, 0.1)])
+                .collect();
+            let mut want: Vec<[Vec<f32>; 3]> = host.clone();
+            let mut gpu = host
+                .iter()
+                .map(|[w, g, v]| Ok([c.gpu.upload(w)?, c.gpu.upload(g)?, c.gpu.upload(v)?]))
+                .collect::<Result<Vec<_>>>()?;
+            let mut table = host::backend::cuda::SgdTable::default();
+            let params = [(0.01, 0.9, 5e-4), (0.003, 0.8, 1e-3), (0.02, 0.9, 0.0)];
+            for (call, &(lr, momentum, weight_decay)) in params.iter().enumerate() {
+                let p = SgdParams {
+                    lr,
+                    momentum,
+                    weight_decay,
+                    rule,
+                };
+                // The third call updates only the first half of the list.
+                let used = if call == 2 {
+                    lens.len() / 2
+                } else {
+                    lens.len()
+                };
+                let mut cpu_t: Vec<_> = want[..used]
+                    .iter_mut()
+                    .map(|[w, g, v]| SgdTensor { w, g: &*g, v })
+                    .collect();
+                c.cpu.sgd_update_all(&p, &mut cpu_t, &mut ())?;
+                let mut gpu_t: Vec<_> = gpu[..used]
+                    .iter_mut()
+                    .map(|[w, g, v]| SgdTensor { w, g: &*g, v })
+                    .collect();
+                c.gpu.sgd_update_all(&p, &mut gpu_t, &mut table)?;
+                let what = match call {
+                    0 => "first call",
+                    1 => "second call, new lr",
+                    _ => "shorter list",
+                };
+                let (mut got_w, mut got_v, mut ref_w, mut ref_v) = (vec![], vec![], vec![], vec![]);
+                for ([w, _, v], [rw, _, rv]) in gpu.iter().zip(&want) {
+                    got_w.extend(c.gpu.download(w)?);
+                    got_v.extend(c.gpu.download(v)?);
+                    ref_w.extend_from_slice(rw);
+                    ref_v.extend_from_slice(rv);
+                }
+                c.check(
+                    "sgd_update_all",
+                    &format!("{rule:?} {case}, {what}: w"),
+                    &got_w,
+                    &ref_w,
+                    0.0,
+                );
+                c.check(
+                    "sgd_update_all",
+                    &format!("{rule:?} {case}, {what}: v"),
+                    &got_v,
+                    &ref_v,
+                    0.0,
+                );
+            }
         }
     }
     Ok(())
@@ -1537,6 +1595,111 @@ fn train_steps(c: &mut Ctx) -> Result<()> {
             1e-4,
         );
     }
+    Ok(())
+}
+
+/// The training step captured as a CUDA graph and replayed
+/// (`host::step_graph::StepRunner`) against the same steps run eagerly:
+/// two GPU models from one initialisation, the same random batches, dropout
+/// on and a learning rate that changes every step. The parameters, momentum
+/// buffers and each step's losses must be bit-identical (tolerance 0). The
+/// runner must take one eager step, capture, then replay; halfway a setting
+/// is re-applied (`set_precision`), which makes the graph stale, so it must
+/// run one eager step and capture again. Cases: `configs/tiny.json` at batch
+/// 6 in fp32, TF32 and bf16, and `configs/alexnet.json` at batch 16 in TF32
+/// and bf16 (split-K workspaces, channels-last scratch); the paper's SGD
+/// rule in one of them.
+fn train_steps_graph(c: &mut Ctx) -> Result<()> {
+    use host::step_graph::StepRunner;
+    let tiny = host::config::Config::from_str(include_str!("../configs/tiny.json"), "tiny.json")?;
+    let alexnet =
+        host::config::Config::from_str(include_str!("../configs/alexnet.json"), "alexnet.json")?;
+    let cases = keep(vec![
+        (
+            "tiny b6 fp32",
+            (&tiny, 6, Precision::Fp32, SgdRule::Pytorch),
+        ),
+        ("tiny b6 tf32", (&tiny, 6, Precision::Tf32, SgdRule::Paper)),
+        (
+            "tiny b6 bf16",
+            (&tiny, 6, Precision::Bf16, SgdRule::Pytorch),
+        ),
+        (
+            "alexnet b16 tf32",
+            (&alexnet, 16, Precision::Tf32, SgdRule::Pytorch),
+        ),
+        (
+            "alexnet b16 bf16",
+            (&alexnet, 16, Precision::Bf16, SgdRule::Pytorch),
+        ),
+    ]);
+    const STEPS: u64 = 6;
+    let test = "train_steps_graph";
+    for (case, (cfg, batch, precision, rule)) in cases {
+        c.gpu.set_precision(precision)?;
+        let mut eager = Model::new(&c.gpu, &cfg.model, batch, 11)?;
+        let mut graphed = Model::new(&c.gpu, &cfg.model, batch, 11)?;
+        let mut runner = StepRunner::new(&c.gpu, true);
+        println!(
+            "  {case}: {STEPS} steps eager vs as a CUDA graph, dropout on, lr changing each step"
+        );
+        for step in 0..STEPS {
+            if step == STEPS / 2 {
+                // Same precision: only marks captured graphs stale.
+                c.gpu.set_precision(precision)?;
+            }
+            let x = c.randn(batch * cfg.model.input_len(), 1.0);
+            let y = labels(c, batch, cfg.model.classes);
+            let sgd = SgdParams {
+                lr: 0.02 * 0.8f32.powi(step as i32),
+                momentum: 0.9,
+                weight_decay: 5e-4,
+                rule,
+            };
+            let dropout = (5u64, 100 + step);
+            eager.set_batch(&c.gpu, &x, &y)?;
+            eager.train_step(&c.gpu, dropout, &sgd)?;
+            graphed.set_batch(&c.gpu, &x, &y)?;
+            runner.step(&c.gpu, &mut graphed, dropout, &sgd)?;
+            let (want, _) = eager.read_metrics(&c.gpu)?;
+            let (got, _) = graphed.read_metrics(&c.gpu)?;
+            c.check(
+                test,
+                &format!("{case} step {step} losses"),
+                &got,
+                &want,
+                0.0,
+            );
+        }
+        let s = runner.stats();
+        println!("    runner: {}", runner.describe());
+        c.check_true(
+            test,
+            &format!(
+                "{case} runner: eager {} capture {} replay {} (want 2, 2, {})",
+                s.eager,
+                s.captures,
+                s.replays,
+                STEPS - 2
+            ),
+            runner.uses_graph() && s.eager == 2 && s.captures == 2 && s.replays == STEPS - 2,
+        );
+        for momentum in [false, true] {
+            let want = eager.download_params(&c.gpu, momentum)?;
+            let got = graphed.download_params(&c.gpu, momentum)?;
+            for (w, g) in want.iter().zip(&got) {
+                let what = if momentum { "momentum" } else { "weights" };
+                c.check(
+                    test,
+                    &format!("{case} {} {what}", w.name),
+                    &g.data,
+                    &w.data,
+                    0.0,
+                );
+            }
+        }
+    }
+    c.gpu.set_precision(Precision::Fp32)?;
     Ok(())
 }
 

@@ -6,6 +6,10 @@
 //! (seed, step, i), so backward regenerates it and nothing is stored; the CPU
 //! reference computes the same bits.
 //!
+//! The step is read from device memory (`*step`), which the host writes
+//! before the launch or before replaying a captured step graph, so a graph
+//! draws new masks each step.
+//!
 //! Mapping: one thread per group of 4 consecutive elements (one Philox call),
 //! 1-D grid-stride.
 
@@ -63,16 +67,16 @@ unsafe fn apply(y: *mut f32, n: usize, p: f32, seed: u64, step: u64) {
     }
 }
 
-/// Dropout forward in place on `y[0..n]`.
+/// Dropout forward in place on `y[0..n]`, for the step `*step`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn dropout_forward(
     y: *mut f32,
     n: usize,
     p: f32,
     seed: u64,
-    step: u64,
+    step: *const u64,
 ) {
-    unsafe { apply(y, n, p, seed, step) }
+    unsafe { apply(y, n, p, seed, *step) }
 }
 
 /// Dropout backward in place on the gradient `d[0..n]` (same mask and scale).
@@ -82,7 +86,7 @@ pub unsafe extern "ptx-kernel" fn dropout_backward(
     n: usize,
     p: f32,
     seed: u64,
-    step: u64,
+    step: *const u64,
 ) {
-    unsafe { apply(d, n, p, seed, step) }
+    unsafe { apply(d, n, p, seed, *step) }
 }

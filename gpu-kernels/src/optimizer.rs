@@ -1,35 +1,102 @@
-//! Momentum SGD with weight decay, in place over one parameter tensor.
+//! Momentum SGD with weight decay, in place, over every parameter tensor of a
+//! model in one launch (`sgd_update_all`).
 //! `rule == 0` (PyTorch): `v ← μv + (g + λw)`, `w ← w − lr·v`.
 //! `rule == 1` (the paper): `v ← μv − λ·lr·w − lr·g`, `w ← w + v`.
-//! Mapping: 1-D grid-stride, one element per thread per iteration.
+//! Plain fp32 operations in the order written (PTX `mul.rn`/`add.rn`, no
+//! fused multiply-add), so the result is bit-identical to the CPU reference.
+//!
+//! Per-step values: `hyper = [lr, μ, λ]` is read from device memory, which
+//! the host writes before the launch (or before replaying a captured step
+//! graph), so a graph picks up a new learning rate.
+//!
+//! Layout: `table[t]` ([`SgdTensor`]) holds tensor `t`'s `w`, `g`, `v`
+//! addresses, its length and the first chunk it owns. Each tensor is cut
+//! into chunks of `blockDim.x · PER_THREAD` elements, numbered across the
+//! tensors in table order (`first[t+1] = first[t] + ⌈n_t / chunk⌉`).
+//! Mapping: block `b` takes chunks `b, b + gridDim.x, …`, finding each one's
+//! tensor by walking the table forward (its chunks only increase); thread
+//! `x` takes elements `x + k·blockDim.x` (`k < PER_THREAD`) of the chunk,
+//! coalesced, and loads all of them before computing any.
 
-use crate::device::grid_stride;
+use crate::device::{bdim_x, bid_x, gdim_x, tid_x};
 
+/// One parameter tensor of [`sgd_update_all`]'s table (five 64-bit words,
+/// as the host writes them).
+#[repr(C)]
+pub struct SgdTensor {
+    pub w: *mut f32,
+    pub g: *const f32,
+    pub v: *mut f32,
+    pub n: usize,
+    pub first_chunk: usize,
+}
+
+/// Elements per thread per chunk (the host's chunk is `256 · PER_THREAD`).
+const PER_THREAD: usize = 4;
+
+/// One element's update under `rule`: the new `(w, v)`.
+#[inline(always)]
+fn update(rule: u32, [lr, momentum, weight_decay]: [f32; 3], w: f32, g: f32, v: f32) -> (f32, f32) {
+    if rule == 0 {
+        let nv = momentum * v + (g + weight_decay * w);
+        (w - lr * nv, nv)
+    } else {
+        let nv = momentum * v - weight_decay * lr * w - lr * g;
+        (w + nv, nv)
+    }
+}
+
+/// One SGD step over the `tensors` entries of `table` (`chunks` chunks in
+/// all), with `hyper = [lr, momentum, weight_decay]`.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn sgd_update(
-    w: *mut f32,
-    g: *const f32,
-    v: *mut f32,
-    n: usize,
-    lr: f32,
-    momentum: f32,
-    weight_decay: f32,
+pub unsafe extern "ptx-kernel" fn sgd_update_all(
+    table: *const SgdTensor,
+    tensors: usize,
+    chunks: usize,
+    hyper: *const f32,
     rule: u32,
 ) {
-    let (mut i, step) = grid_stride();
-    while i < n {
-        unsafe {
-            let (wi, gi, vi) = (*w.add(i), *g.add(i), *v.add(i));
-            if rule == 0 {
-                let nv = momentum * vi + (gi + weight_decay * wi);
-                *v.add(i) = nv;
-                *w.add(i) = wi - lr * nv;
-            } else {
-                let nv = momentum * vi - weight_decay * lr * wi - lr * gi;
-                *v.add(i) = nv;
-                *w.add(i) = wi + nv;
+    let h = unsafe { [*hyper, *hyper.add(1), *hyper.add(2)] };
+    let threads = bdim_x() as usize;
+    let chunk_len = threads * PER_THREAD;
+    let x = tid_x() as usize;
+    let mut t = 0;
+    let mut c = bid_x() as usize;
+    while c < chunks {
+        while t + 1 < tensors && unsafe { (*table.add(t + 1)).first_chunk } <= c {
+            t += 1;
+        }
+        // Read once into registers (the stores below could alias the table
+        // as far as the compiler knows).
+        let SgdTensor {
+            w: pw,
+            g: pg,
+            v: pv,
+            n,
+            first_chunk,
+        } = unsafe { core::ptr::read(table.add(t)) };
+        let base = (c - first_chunk) * chunk_len + x;
+        let (mut w, mut g, mut v) = (
+            [0.0f32; PER_THREAD],
+            [0.0f32; PER_THREAD],
+            [0.0f32; PER_THREAD],
+        );
+        for k in 0..PER_THREAD {
+            let i = base + k * threads;
+            if i < n {
+                unsafe { (w[k], g[k], v[k]) = (*pw.add(i), *pg.add(i), *pv.add(i)) };
             }
         }
-        i += step;
+        for k in 0..PER_THREAD {
+            let i = base + k * threads;
+            if i < n {
+                let (nw, nv) = update(rule, h, w[k], g[k], v[k]);
+                unsafe {
+                    *pv.add(i) = nv;
+                    *pw.add(i) = nw;
+                }
+            }
+        }
+        c += gdim_x() as usize;
     }
 }

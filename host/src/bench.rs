@@ -2,10 +2,12 @@
 //! (random images and labels uploaded once), so it measures the GPU work of a
 //! step — forward, backward and the SGD update — and nothing of the loader.
 //! Times are CUDA events (host clock on the CPU backend), median over many
-//! steps after warm-up. `--profile` adds each layer's forward and backward
-//! time, measured layer by layer. `--loader` instead times the config's
-//! training data pipeline alone (no model, no GPU), to tell whether it can
-//! feed the GPU.
+//! steps after warm-up. On the GPU the timed steps replay the step captured
+//! as a CUDA graph ([`crate::step_graph`]) unless `--no-graph` or
+//! `ALEXNET_CUDA_GRAPH=0`; the result says which. `--profile` adds each
+//! layer's forward and backward time, measured layer by layer (eagerly).
+//! `--loader` instead times the config's training data pipeline alone (no
+//! model, no GPU), to tell whether it can feed the GPU.
 
 use anyhow::Result;
 use rand::rngs::StdRng;
@@ -15,6 +17,7 @@ use serde::Serialize;
 use crate::backend::{Backend, SgdParams};
 use crate::config::Config;
 use crate::model::Model;
+use crate::step_graph::StepRunner;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct LayerTime {
@@ -31,6 +34,11 @@ pub struct BenchResult {
     pub median_step_ms: f32,
     pub min_step_ms: f32,
     pub images_per_sec: f32,
+    /// Whether the timed steps replayed a captured CUDA graph.
+    pub cuda_graph: bool,
+    /// How the steps ran, e.g. `CUDA graph (1 capture(s), 32 replays, 1
+    /// eager step(s))` or `eager (--no-graph)`.
+    pub step_mode: String,
     /// Model parameters, activations and gradients (device backends only).
     pub model_memory_bytes: Option<usize>,
     /// Device memory in use after the timed steps, over what was in use
@@ -46,13 +54,15 @@ fn median(mut v: Vec<f32>) -> f32 {
     v[v.len() / 2]
 }
 
-/// Benchmarks a training step of `cfg`'s model at `batch`.
+/// Benchmarks a training step of `cfg`'s model at `batch`; `graph` false
+/// runs the steps eagerly (`--no-graph`).
 pub fn bench<B: Backend>(
     be: &B,
     cfg: &Config,
     batch: usize,
     steps: usize,
     profile: bool,
+    graph: bool,
 ) -> Result<BenchResult> {
     let free_before = be.memory_info().map(|m| m.0);
     let mut model = Model::new(be, &cfg.model, batch, cfg.train.seed)?;
@@ -74,14 +84,19 @@ pub fn bench<B: Backend>(
         weight_decay: t.weight_decay,
         rule: t.sgd_rule,
     };
+    let mut runner = StepRunner::new(be, graph);
     let mut step = 0u64;
-    let times = be.time_ms(3, steps, &mut || {
+    // Warm-up: with a graph, one eager step and the capture (replayed).
+    for _ in 0..3 {
         step += 1;
-        let dropout = Some((t.seed, step));
-        model.forward(be, dropout)?;
-        model.backward(be, dropout)?;
-        model.sgd_step(be, &sgd)
+        runner.step(be, &mut model, (t.seed, step), &sgd)?;
+    }
+    let before = runner.stats();
+    let times = be.time_ms(0, steps, &mut || {
+        step += 1;
+        runner.step(be, &mut model, (t.seed, step), &sgd)
     })?;
+    let cuda_graph = runner.stats().replays - before.replays == steps as u64;
     let step_memory_bytes = free_before
         .zip(be.memory_info())
         .map(|(a, (b, _))| a.saturating_sub(b));
@@ -116,6 +131,8 @@ pub fn bench<B: Backend>(
         median_step_ms: med,
         min_step_ms: min,
         images_per_sec: batch as f32 / med * 1e3,
+        cuda_graph,
+        step_mode: runner.describe(),
         model_memory_bytes,
         step_memory_bytes,
         layers,
@@ -125,13 +142,18 @@ pub fn bench<B: Backend>(
 impl BenchResult {
     pub fn print(&self) {
         println!(
-            "{}: batch {}  step {:.2} ms (median of {}, min {:.2})  {:.0} images/s{}",
+            "{}: batch {}  step {:.2} ms (median of {}, min {:.2})  {:.0} images/s  [{}]{}",
             self.device,
             self.batch,
             self.median_step_ms,
             self.steps,
             self.min_step_ms,
             self.images_per_sec,
+            if self.cuda_graph {
+                "CUDA graph"
+            } else {
+                "eager"
+            },
             self.model_memory_bytes
                 .zip(self.step_memory_bytes)
                 .map(|(m, s)| format!(
@@ -141,6 +163,7 @@ impl BenchResult {
                 ))
                 .unwrap_or_default()
         );
+        println!("  steps: {}", self.step_mode);
         if !self.layers.is_empty() {
             let total: f32 = self
                 .layers

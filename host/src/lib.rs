@@ -2,7 +2,8 @@
 //!
 //! `backend` holds the ops (CPU reference and CUDA), `config` the validated
 //! JSON configs, `data` the datasets and loaders, `checkpoint` safetensors
-//! I/O, `report` metrics and plots, `multi_gpu` data-parallel training.
+//! I/O, `report` metrics and plots, `multi_gpu` data-parallel training,
+//! `step_graph` the single-GPU training step replayed as a CUDA graph.
 
 pub mod backend;
 pub mod bench;
@@ -13,6 +14,7 @@ pub mod data;
 pub mod model;
 pub mod multi_gpu;
 pub mod report;
+pub mod step_graph;
 pub mod train;
 
 /// The PTX module built from `gpu-kernels` by `build.rs`.

@@ -75,6 +75,11 @@ enum Command {
         /// No progress bar.
         #[arg(long)]
         quiet: bool,
+        /// Run every step eagerly instead of replaying it as a CUDA graph
+        /// (one GPU; also ALEXNET_CUDA_GRAPH=0). Several GPUs always run
+        /// eagerly.
+        #[arg(long)]
+        no_graph: bool,
     },
     /// Training-step throughput (images/s) on device-resident synthetic data.
     Bench {
@@ -115,6 +120,11 @@ enum Command {
         /// Smallest gradient bucket all-reduced at once, MiB.
         #[arg(long, default_value_t = 8.0)]
         bucket_mb: f64,
+        /// Time eager steps instead of the step replayed as a CUDA graph
+        /// (also ALEXNET_CUDA_GRAPH=0), to compare the two. Several GPUs
+        /// always run eagerly.
+        #[arg(long)]
+        no_graph: bool,
         /// Also write the results as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -247,6 +257,7 @@ fn main() {
             max_steps,
             log_every,
             quiet,
+            no_graph,
         } => host::cli::bucket_bytes(bucket_mb).and_then(|bucket_bytes| {
             host::cli::train(
                 &config,
@@ -268,6 +279,7 @@ fn main() {
                     max_steps,
                     log_every: log_every.max(1),
                     progress: !quiet,
+                    cuda_graph: !no_graph,
                     ..Default::default()
                 },
             )
@@ -285,6 +297,7 @@ fn main() {
             devices,
             parallel,
             bucket_mb,
+            no_graph,
             json,
         } => {
             if loader {
@@ -298,6 +311,7 @@ fn main() {
                         (precision, parallel),
                         (gpus, devices.as_deref()),
                         bucket_bytes,
+                        !no_graph,
                         json.as_deref(),
                     )
                 })
@@ -307,6 +321,7 @@ fn main() {
                     &batch_size,
                     steps,
                     profile,
+                    !no_graph,
                     precision,
                     device,
                     gpu,

@@ -50,7 +50,13 @@ struct Slot {
 }
 
 /// A network instantiated for a fixed batch size on backend `B`.
+///
+/// Every buffer is allocated once, in [`Model::new`], and never replaced
+/// (uploads write into them), so a captured step graph
+/// ([`crate::step_graph`]) stays valid for the model's life.
 pub struct Model<B: Backend> {
+    /// Unique in the process (a captured step graph knows its model by it).
+    id: u64,
     pub layers: Vec<LayerSpec>,
     pub batch: usize,
     pub classes: usize,
@@ -63,6 +69,9 @@ pub struct Model<B: Backend> {
     probs: B::Buf,
     loss: B::Buf,
     rank: B::Buf,
+    /// What the backend keeps for [`Model::sgd_step`]'s one update of every
+    /// parameter.
+    sgd_table: B::SgdTable,
 }
 
 /// `(a, b)` as shared and mutable borrows of two different elements.
@@ -213,7 +222,10 @@ impl<B: Backend> Model<B> {
                 slots[i + 1].pool_in_prev = true;
             }
         }
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Ok(Self {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            sgd_table: Default::default(),
             labels: be.upload_labels(&vec![0; batch])?,
             probs: be.zeros(batch * classes)?,
             loss: be.zeros(batch)?,
@@ -227,6 +239,11 @@ impl<B: Backend> Model<B> {
             grads,
             saved,
         })
+    }
+
+    /// The model's process-unique id.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The layer that does layer `i`'s work along with its own (a max pool
@@ -461,12 +478,28 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    /// One SGD step over every parameter (after `backward`).
+    /// One SGD step over every parameter (after `backward`), in one
+    /// [`Backend::sgd_update_all`].
     pub fn sgd_step(&mut self, be: &B, p: &SgdParams) -> Result<()> {
-        for prm in &mut self.params {
-            be.sgd_update(p, &mut prm.value, &prm.grad, &mut prm.momentum)?;
-        }
-        Ok(())
+        let mut tensors: Vec<_> = self
+            .params
+            .iter_mut()
+            .map(|prm| SgdTensor {
+                w: &mut prm.value,
+                g: &prm.grad,
+                v: &mut prm.momentum,
+            })
+            .collect();
+        be.sgd_update_all(p, &mut tensors, &mut self.sgd_table)
+    }
+
+    /// One training step on the batch set last: forward and backward with
+    /// dropout `(seed, step)`, then the SGD update (eagerly; see
+    /// [`crate::step_graph::StepRunner`] for the captured one).
+    pub fn train_step(&mut self, be: &B, dropout: (u64, u64), sgd: &SgdParams) -> Result<()> {
+        self.forward(be, Some(dropout))?;
+        self.backward(be, Some(dropout))?;
+        self.sgd_step(be, sgd)
     }
 
     /// Per-sample losses and true-class ranks of the last forward pass

@@ -33,6 +33,7 @@ use crate::config::{Config, DataSource, LrSchedule};
 use crate::data::{self, Dataset, Epoch, Loader, LoaderConfig, Normalize, SourceSpec};
 use crate::model::Model;
 use crate::report::{self, MetricsLog, MetricsRecord, Split, Summary};
+use crate::step_graph::StepRunner;
 
 /// Which backend runs the step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -93,6 +94,9 @@ pub struct TrainOptions {
     pub progress: bool,
     /// Set (by Ctrl-C) to stop after the current step with a checkpoint.
     pub stop: Arc<AtomicBool>,
+    /// Replay the step as a CUDA graph on one GPU (`--no-graph` clears it;
+    /// see [`crate::step_graph`]). Several GPUs always run eagerly.
+    pub cuda_graph: bool,
 }
 
 impl Default for TrainOptions {
@@ -116,6 +120,7 @@ impl Default for TrainOptions {
             log_every: 20,
             progress: true,
             stop: Arc::new(AtomicBool::new(false)),
+            cuda_graph: true,
         }
     }
 }
@@ -309,7 +314,7 @@ fn train_single(cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
 
 fn run_single<B: Backend>(be: &B, cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
     let data = RunData::open(&cfg)?;
-    let mut engine = Single::new(be, &cfg, &data)?;
+    let mut engine = Single::new(be, &cfg, &data, opts.cuda_graph)?;
     run(&mut engine, cfg, opts)
 }
 
@@ -407,18 +412,21 @@ pub trait Engine {
     fn synchronize(&mut self) -> Result<()>;
 }
 
-/// One model on one backend.
+/// One model on one backend; its steps replay a CUDA graph where the
+/// backend has them ([`StepRunner`]).
 pub struct Single<'a, B: Backend> {
     be: &'a B,
     pub model: Model<B>,
+    runner: StepRunner<B>,
     loader: Loader,
     val_loader: Loader,
     epoch: Option<Epoch>,
 }
 
 impl<'a, B: Backend> Single<'a, B> {
-    /// A model for the config's batch, initialised from its seed.
-    pub fn new(be: &'a B, cfg: &Config, data: &RunData) -> Result<Self> {
+    /// A model for the config's batch, initialised from its seed; `graph`
+    /// false runs every step eagerly.
+    pub fn new(be: &'a B, cfg: &Config, data: &RunData, graph: bool) -> Result<Self> {
         let loader = Loader::new(data.train.clone(), data.train_loader.clone())?;
         let val_loader = Loader::new(data.val.clone(), data.val_loader.clone())?;
         let batch = cfg.train.batch_size;
@@ -435,6 +443,7 @@ impl<'a, B: Backend> Single<'a, B> {
         Ok(Self {
             be,
             model,
+            runner: StepRunner::new(be, graph),
             loader,
             val_loader,
             epoch: None,
@@ -453,7 +462,13 @@ pub(crate) fn next_batch(epoch: &mut Option<Epoch>) -> Result<data::Batch> {
 
 impl<B: Backend> Engine for Single<'_, B> {
     fn describe(&self) -> String {
-        self.be.name()
+        match self.runner.off_reason() {
+            None => format!("{}, step as a CUDA graph", self.be.name()),
+            Some(why) if self.be.no_graphs_reason().is_none() => {
+                format!("{}, eager steps ({why})", self.be.name())
+            }
+            Some(_) => self.be.name(),
+        }
     }
     fn param_count(&self) -> usize {
         self.model.param_count(self.be)
@@ -475,9 +490,7 @@ impl<B: Backend> Engine for Single<'_, B> {
         let batch = next_batch(&mut self.epoch)?;
         let (be, model) = (self.be, &mut self.model);
         model.set_batch(be, &batch.images, &batch.labels)?;
-        model.forward(be, Some(dropout))?;
-        model.backward(be, Some(dropout))?;
-        model.sgd_step(be, sgd)?;
+        self.runner.step(be, model, dropout, sgd)?;
         Ok(batch.n)
     }
     fn train_metrics(&mut self) -> Result<(Vec<f32>, Vec<f32>)> {

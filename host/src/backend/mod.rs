@@ -204,7 +204,7 @@ pub struct DropoutParams {
     pub step: u64,
 }
 
-/// Which momentum-SGD rule `sgd_update` applies.
+/// Which momentum-SGD rule `sgd_update_all` applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SgdRule {
@@ -276,10 +276,49 @@ pub struct SgdParams {
     pub rule: SgdRule,
 }
 
+/// One parameter tensor of [`Backend::sgd_update_all`]: weights, their
+/// gradient and momentum, of equal lengths.
+pub struct SgdTensor<'a, Buf> {
+    pub w: &'a mut Buf,
+    pub g: &'a Buf,
+    pub v: &'a mut Buf,
+}
+
+/// The values of a training step that change from step to step: dropout's
+/// step (its masks' counter) and the SGD hyper-parameters (the learning rate
+/// follows a schedule). The CUDA backend keeps them in a small device buffer
+/// that its dropout and SGD kernels read, so a captured step graph replays
+/// with new values ([`Backend::replay`]); everything else a graph holds is
+/// fixed when it is captured.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct StepArgs {
+    pub dropout_step: u64,
+    pub lr: f32,
+    pub momentum: f32,
+    pub weight_decay: f32,
+}
+
+impl StepArgs {
+    /// The values of a step with dropout step `dropout_step` and update `sgd`.
+    pub fn new(dropout_step: u64, sgd: &SgdParams) -> Self {
+        StepArgs {
+            dropout_step,
+            lr: sgd.lr,
+            momentum: sgd.momentum,
+            weight_decay: sgd.weight_decay,
+        }
+    }
+}
+
 /// A compute backend. `Buf` holds f32 values, `Labels` holds class indices.
 pub trait Backend {
     type Buf;
     type Labels;
+    /// See [`Backend::sgd_update_all`].
+    type SgdTable: Default;
+    /// A captured sequence of launches ([`Backend::capture`]); a CUDA graph,
+    /// `Infallible` where the backend has none.
+    type Graph;
 
     /// A short human-readable name ("cpu", "cuda:0 NVIDIA H200").
     fn name(&self) -> String;
@@ -543,12 +582,43 @@ pub trait Backend {
         rank: &mut Self::Buf,
     ) -> Result<()>;
 
-    /// One momentum-SGD step over one parameter tensor, in place.
-    fn sgd_update(
+    /// One momentum-SGD step over every tensor of `tensors`, in place, in
+    /// one pass (one launch on the GPU). `table` is what the backend keeps
+    /// for this list of tensors (the CUDA backend: their addresses and
+    /// lengths on the device); start from `Default` and pass the same one
+    /// with the same tensors each step: it is built on the first call, and
+    /// rebuilt if the tensors differ.
+    fn sgd_update_all(
         &self,
         p: &SgdParams,
-        w: &mut Self::Buf,
-        g: &Self::Buf,
-        v: &mut Self::Buf,
+        tensors: &mut [SgdTensor<'_, Self::Buf>],
+        table: &mut Self::SgdTable,
     ) -> Result<()>;
+
+    /// Why [`Backend::capture`] does not work here; `None` where it does
+    /// (CUDA, unless every launch is synchronised for debugging).
+    fn no_graphs_reason(&self) -> Option<String> {
+        Some(format!("the {} backend has no graphs", self.name()))
+    }
+    /// Records the work `f` queues into a graph, running none of it, after
+    /// writing `args` where the dropout and SGD kernels read them (see
+    /// [`StepArgs`]); `f`'s dropout and SGD calls must use those values.
+    /// `f` must not allocate: run the same work once before capturing so
+    /// that workspaces have grown. An error (nothing ran) where the backend
+    /// cannot capture.
+    fn capture(&self, args: &StepArgs, f: &mut dyn FnMut() -> Result<()>) -> Result<Self::Graph> {
+        let _ = (args, f);
+        anyhow::bail!("the {} backend cannot capture graphs", self.name())
+    }
+    /// Whether `g` may still be replayed: false once something it was
+    /// captured with has changed on the backend's side (a workspace or
+    /// scratch buffer regrown, a setting such as the precision changed).
+    fn graph_current(&self, g: &Self::Graph) -> bool;
+    /// Writes `args` (see [`StepArgs`]) and queues graph `g` once more.
+    ///
+    /// # Safety
+    /// Every buffer the captured work used must still be alive and
+    /// unmoved (the backend checks its own ones: see
+    /// [`Backend::graph_current`]).
+    unsafe fn replay(&self, g: &Self::Graph, args: &StepArgs) -> Result<()>;
 }

@@ -177,13 +177,15 @@ fn check_against_model(ds: &dyn Dataset, cfg: &Config) -> Result<()> {
     Ok(())
 }
 
-/// `host bench CONFIG`: training-step images/s at each batch size.
+/// `host bench CONFIG`: training-step images/s at each batch size; `graph`
+/// false (`--no-graph`) times eager steps instead of a replayed CUDA graph.
 #[allow(clippy::too_many_arguments)]
 pub fn bench(
     config: &std::path::Path,
     batches: &[usize],
     steps: usize,
     profile: bool,
+    graph: bool,
     precision: Option<crate::config::Precision>,
     device: crate::train::DeviceChoice,
     gpu: usize,
@@ -203,9 +205,9 @@ pub fn bench(
         let r = if use_gpu {
             let mut be = cuda::CudaBackend::new(gpu)?;
             be.set_precision(cfg.train.precision)?;
-            crate::bench::bench(&be, &cfg, b, steps, profile)?
+            crate::bench::bench(&be, &cfg, b, steps, profile, graph)?
         } else {
-            crate::bench::bench(&CpuBackend, &cfg, b, steps, profile)?
+            crate::bench::bench(&CpuBackend, &cfg, b, steps, profile, graph)?
         };
         r.print();
         results.push(r);
@@ -254,7 +256,9 @@ pub fn bucket_bytes(mib: f64) -> Result<usize> {
 /// with `--parallel hybrid`, hybrid) images/s, scaling efficiency against
 /// one GPU at the same per-GPU batch, and the time spent waiting for
 /// communication, at each per-GPU batch size. One GPU runs the plain
-/// single-GPU benchmark.
+/// single-GPU benchmark (a replayed CUDA graph unless `graph` is false);
+/// several run eagerly, and so does their one-GPU baseline.
+#[allow(clippy::too_many_arguments)]
 pub fn bench_gpus(
     config: &Path,
     batches: &[usize],
@@ -265,6 +269,7 @@ pub fn bench_gpus(
     ),
     (gpus, devices): (Option<usize>, Option<&[usize]>),
     bucket_bytes: usize,
+    graph: bool,
     json: Option<&Path>,
 ) -> Result<()> {
     let mut cfg = crate::config::load(config)?;
@@ -284,7 +289,7 @@ pub fn bench_gpus(
         be.set_precision(cfg.train.precision)?;
         let mut results = Vec::new();
         for &b in batches {
-            let r = crate::bench::bench(&be, &cfg, b, steps, false)?;
+            let r = crate::bench::bench(&be, &cfg, b, steps, false, graph)?;
             r.print();
             results.push(r);
         }

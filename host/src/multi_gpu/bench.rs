@@ -74,7 +74,8 @@ pub fn bench_data_parallel(
     let single = {
         let mut be = CudaBackend::new(devices[0])?;
         be.set_precision(cfg.train.precision)?;
-        crate::bench::bench(&be, cfg, batch, steps, false)?
+        // Eager, like the multi-GPU steps it is compared with.
+        crate::bench::bench(&be, cfg, batch, steps, false, false)?
     };
     let world = devices.len();
     let parallel = cfg.train.parallel;

@@ -40,7 +40,7 @@ use anyhow::{Context, Result, bail};
 
 use super::{Bucket, backward_in_buckets, plan_model_buckets, rank_seed, split_range};
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, BlockCopy, DropoutParams, FcGeom, SgdParams};
+use crate::backend::{Backend, BlockCopy, DropoutParams, FcGeom, SgdParams, SgdTensor};
 use crate::checkpoint::NamedTensor;
 use crate::config::{LayerKind, ModelSpec};
 use crate::data::Loader;
@@ -157,6 +157,8 @@ pub struct HybridRank<B: Backend, R: Reducer<B>> {
     classes: usize,
     param_count: usize,
     fcs: Vec<FcSlice<B>>,
+    /// What the backend keeps for the fc slices' one SGD update.
+    fc_sgd_table: B::SgdTable,
     ops: Vec<Op>,
     /// Full activations `[N, ·]` of the fc part: `acts[0]` the gathered
     /// conv features, then one per fc layer; `grads` their gradients.
@@ -263,6 +265,7 @@ impl<B: Backend, R: Reducer<B>> HybridRank<B, R> {
             classes,
             param_count: spec.param_count(),
             fcs,
+            fc_sgd_table: Default::default(),
             ops,
             acts,
             grads,
@@ -464,12 +467,17 @@ impl<B: Backend, R: Reducer<B>> HybridRank<B, R> {
     /// [`HybridRank::compute_gradients`]).
     pub fn sgd_step(&mut self, be: &B, sgd: &SgdParams) -> Result<()> {
         self.conv.sgd_step(be, sgd)?;
-        for f in &mut self.fcs {
-            for p in [&mut f.weight, &mut f.bias] {
-                be.sgd_update(sgd, &mut p.value, &p.grad, &mut p.momentum)?;
-            }
-        }
-        Ok(())
+        let mut tensors: Vec<_> = self
+            .fcs
+            .iter_mut()
+            .flat_map(|f| [&mut f.weight, &mut f.bias])
+            .map(|p| SgdTensor {
+                w: &mut p.value,
+                g: &p.grad,
+                v: &mut p.momentum,
+            })
+            .collect();
+        be.sgd_update_all(sgd, &mut tensors, &mut self.fc_sgd_table)
     }
 
     /// One training step (collective).

@@ -17,6 +17,9 @@
 //! sums of input gradients backward. Checkpoints hold the whole tensors
 //! (gathered), so either mode, or one GPU, resumes from them.
 //!
+//! Steps run eagerly here: the CUDA graph of one GPU ([`crate::step_graph`])
+//! does not capture the collectives on their second stream.
+//!
 //! Layout:
 //! - this file: the pure planning ([`plan_buckets`], [`split_range`],
 //!   [`per_rank_batch`], [`select_devices`]) and [`Replica`], one rank's model

@@ -17,6 +17,8 @@ pub mod pool;
 #[cfg(test)]
 mod tests;
 
+use std::convert::Infallible;
+
 use super::*;
 
 /// Checks that each buffer holds exactly the floats its shape needs.
@@ -38,6 +40,9 @@ pub struct CpuBackend;
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Labels = Vec<i32>;
+    type SgdTable = ();
+    /// The CPU runs every op at once: nothing to capture.
+    type Graph = Infallible;
 
     fn name(&self) -> String {
         "cpu".into()
@@ -368,14 +373,25 @@ impl Backend for CpuBackend {
         loss::label_rank(n, classes, scores, labels, rank);
         Ok(())
     }
-    fn sgd_update(
+    fn sgd_update_all(
         &self,
         p: &SgdParams,
-        w: &mut Vec<f32>,
-        g: &Vec<f32>,
-        v: &mut Vec<f32>,
+        tensors: &mut [SgdTensor<'_, Vec<f32>>],
+        _table: &mut (),
     ) -> Result<()> {
-        optimizer::sgd_update(p, w, g, v);
+        for (i, t) in tensors.iter().enumerate() {
+            lens(
+                &format!("sgd_update_all tensor {i}"),
+                &[(t.g, t.w.len()), (&*t.v, t.w.len())],
+            )?;
+        }
+        optimizer::sgd_update_all(p, tensors);
         Ok(())
+    }
+    fn graph_current(&self, g: &Infallible) -> bool {
+        match *g {}
+    }
+    unsafe fn replay(&self, g: &Infallible, _: &StepArgs) -> Result<()> {
+        match *g {}
     }
 }

@@ -1,4 +1,6 @@
-//! CPU reference: one momentum-SGD step over a flat parameter tensor, in place.
+//! CPU reference: one momentum-SGD step over parameter tensors, in place:
+//! `sgd_update` for one tensor, `sgd_update_all` (the GPU kernel's twin) for
+//! a list of them.
 //!
 //! `w` (weights), `g` (gradient) and `v` (momentum) have the same length and
 //! layout. The rule is chosen by [`SgdRule`]:
@@ -39,4 +41,12 @@ pub fn sgd_update(p: &SgdParams, w: &mut [f32], g: &[f32], v: &mut [f32]) {
                 *w += *v;
             }
         });
+}
+
+/// [`sgd_update`] on every tensor of `tensors` (each one's `w`, `g`, `v` of
+/// equal lengths).
+pub fn sgd_update_all(p: &SgdParams, tensors: &mut [SgdTensor<'_, Vec<f32>>]) {
+    for t in tensors {
+        sgd_update(p, t.w, t.g, t.v);
+    }
 }

@@ -7,21 +7,31 @@
 //! Runs on `cudarc` (driver API, libcuda loaded at run time), so building needs
 //! no CUDA installation and a machine without a GPU gets a clear error.
 //! Set `ALEXNET_SYNC_LAUNCHES=1` to synchronise after every launch, so an
-//! asynchronous fault is reported against the kernel (and shapes) that caused it.
+//! asynchronous fault is reported against the kernel (and shapes) that caused it
+//! (this also turns CUDA graphs off).
+//!
+//! A training step can be captured as a CUDA graph and replayed (`graph.rs`):
+//! the values that change per step reach the dropout and SGD kernels through
+//! a small device buffer rather than as kernel arguments, and the split-K
+//! workspace and channels-last scratch never grow during a capture.
 
 mod activation;
 mod conv;
 mod copy;
 mod dropout;
 mod gemm;
+mod graph;
+pub use graph::StepGraph;
 mod layout;
 pub use layout::Elem;
 mod loss;
 mod lrn;
 mod optimizer;
+pub use optimizer::SgdTable;
 mod pool;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -142,7 +152,7 @@ const KERNELS: &[&str] = &[
     "softmax_xent_forward",
     "softmax_xent_backward",
     "label_rank",
-    "sgd_update",
+    "sgd_update_all",
 ];
 
 /// Kernels only the Hopper module provides (the warpgroup engine's
@@ -289,6 +299,14 @@ pub struct CudaBackend {
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
     scratch: [Mutex<Option<CudaSlice<f32>>>; 3],
+    /// The per-step values that dropout and SGD kernels read (`graph.rs`).
+    step_values: Mutex<graph::StepValues>,
+    /// Set while a step graph is captured: writing the per-step values and
+    /// growing buffers are then errors.
+    capturing: AtomicBool,
+    /// Bumped whenever something a captured graph depends on is replaced
+    /// or a setting changes (`graph.rs`).
+    generation: AtomicU64,
 }
 
 /// Slots of [`CudaBackend`]'s scratch buffers.
@@ -388,6 +406,7 @@ impl CudaBackend {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(gpu_err)? as u32;
         let label = format!("cuda:{ordinal} {}", ctx.name().map_err(gpu_err)?);
+        let step_values = Mutex::new(graph::StepValues::new(&stream)?);
         Ok(Self {
             ctx,
             stream,
@@ -417,7 +436,15 @@ impl CudaBackend {
             has_wgmma: hopper,
             wgmma: hopper,
             scratch: Default::default(),
+            step_values,
+            capturing: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
         })
+    }
+
+    /// Makes every graph captured so far stale (a setting changed).
+    fn settings_changed(&mut self) {
+        *self.generation.get_mut() += 1;
     }
 
     pub fn context(&self) -> &Arc<CudaContext> {
@@ -435,6 +462,7 @@ impl CudaBackend {
     /// accumulation in every mode).
     pub fn set_precision(&mut self, p: crate::config::Precision) -> Result<()> {
         self.precision = p;
+        self.settings_changed();
         Ok(())
     }
 
@@ -450,6 +478,7 @@ impl CudaBackend {
     /// products) on or off.
     pub fn set_vec_engine(&mut self, on: bool) {
         self.vec_engine = on;
+        self.settings_changed();
     }
 
     /// Whether vector-engine products use their 128-column variants where
@@ -457,6 +486,7 @@ impl CudaBackend {
     /// always or never.
     pub fn set_big_tiles(&mut self, on: Option<bool>) {
         self.big_tiles = on;
+        self.settings_changed();
     }
 
     /// The vector-engine kernel `{base}_{tf32|bf16}{tile suffix}` when the
@@ -496,6 +526,7 @@ impl CudaBackend {
     /// Chooses the GEMM engine's tile height (see [`GemmTiles`]).
     pub fn set_gemm_tiles(&mut self, t: GemmTiles) {
         self.gemm_tiles = t;
+        self.settings_changed();
     }
 
     /// Whether a product with `m` rows uses the 128-row tiles. `Auto` takes
@@ -584,6 +615,7 @@ impl CudaBackend {
     ) -> Result<R> {
         let mut ws = self.workspace.lock().unwrap();
         if ws.as_ref().is_none_or(|w| w.len() < len) {
+            self.before_replacing("split-K workspace", len * 4)?;
             *ws = None;
             let buf = unsafe { self.stream.alloc::<f32>(len) }
                 .map_err(|e| self.alloc_error("split-K workspace", len * 4, e))?;
@@ -601,6 +633,7 @@ impl CudaBackend {
     ) -> Result<R> {
         let mut buf = self.scratch[slot as usize].lock().unwrap();
         if buf.as_ref().is_none_or(|b| b.len() < len) {
+            self.before_replacing("channels-last scratch", len * 4)?;
             *buf = None;
             let b = unsafe { self.stream.alloc::<f32>(len) }
                 .map_err(|e| self.alloc_error("channels-last scratch", len * 4, e))?;
@@ -613,6 +646,7 @@ impl CudaBackend {
     /// operands (default) or fp32 ones.
     pub fn set_bf16_operands(&mut self, on: bool) {
         self.bf16_operands = on;
+        self.settings_changed();
     }
 
     /// `row_patches`, `row_patches_tf32` or `row_patches_bf16` (as `elem`
@@ -701,6 +735,8 @@ fn check_len(what: &str, buf: &CudaSlice<f32>, want: usize) -> Result<()> {
 impl Backend for CudaBackend {
     type Buf = CudaSlice<f32>;
     type Labels = CudaSlice<i32>;
+    type SgdTable = SgdTable;
+    type Graph = StepGraph;
 
     fn name(&self) -> String {
         format!("{} ({})", self.label, self.precision)
@@ -997,14 +1033,26 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         loss::label_rank(self, n, classes, scores, labels, rank)
     }
-    fn sgd_update(
+    fn sgd_update_all(
         &self,
         p: &SgdParams,
-        w: &mut Self::Buf,
-        g: &Self::Buf,
-        v: &mut Self::Buf,
+        tensors: &mut [SgdTensor<'_, Self::Buf>],
+        table: &mut SgdTable,
     ) -> Result<()> {
-        optimizer::sgd_update(self, p, w, g, v)
+        optimizer::sgd_update_all(self, p, tensors, table)
+    }
+    fn no_graphs_reason(&self) -> Option<String> {
+        self.sync_each_launch
+            .then(|| "ALEXNET_SYNC_LAUNCHES=1 synchronises every launch".to_string())
+    }
+    fn capture(&self, args: &StepArgs, f: &mut dyn FnMut() -> Result<()>) -> Result<StepGraph> {
+        graph::capture(self, args, f)
+    }
+    fn graph_current(&self, g: &StepGraph) -> bool {
+        graph::graph_current(self, g)
+    }
+    unsafe fn replay(&self, g: &StepGraph, args: &StepArgs) -> Result<()> {
+        graph::replay(self, g, args)
     }
 }
 
