@@ -338,16 +338,16 @@ pub fn cp_async_wait<const N: u32>() {
 /// to shared window address `dst` (`cp.async.cg`, bypassing L1), or of four
 /// zeros when `src` is `None` (source size 0; `dummy` is never read). Both
 /// addresses must be 16-byte aligned.
-/// With `L1`, the copy goes through the L1 cache (`cp.async.ca`) instead:
+/// With `l1`, the copy goes through the L1 cache (`cp.async.ca`) instead:
 /// for gathered operands that re-read the same bytes within a few tiles
 /// (a convolution's neighbouring taps).
 #[inline(always)]
-pub unsafe fn cp_async_v4<const L1: bool>(dst: u32, src: Option<*const f32>, dummy: *const f32) {
+pub unsafe fn cp_async_v4(dst: u32, src: Option<*const f32>, dummy: *const f32, l1: bool) {
     let (p, n) = match src {
         Some(p) => (p, 16u32),
         None => (dummy, 0u32),
     };
-    if L1 {
+    if l1 {
         unsafe {
             asm!(
                 "cp.async.ca.shared.global [{d}], [{s}], 16, {n};",

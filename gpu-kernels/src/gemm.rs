@@ -997,7 +997,7 @@ pub unsafe fn gemm_tile_v<
             if j < a_slots {
                 let inside = k0 + a_k + a_dk * j < k_end && m0 + a_i + a_di * j < m_total;
                 let src = if inside { a.src(&ca, j as usize) } else { None };
-                unsafe { cp_async_v4::<{ A::L1 }>(base + a_dst + a_slot * j, src, a_dummy) };
+                unsafe { cp_async_v4(base + a_dst + a_slot * j, src, a_dummy, A::L1) };
             }
         }
         for j in 0..4u32 {
@@ -1006,7 +1006,7 @@ pub unsafe fn gemm_tile_v<
             }
             let inside = k0 + b_k + b_dk * j < k_end && n0 + b_i + b_di * j < n_total;
             let src = if inside { b.src(&cb, j as usize) } else { None };
-            unsafe { cp_async_v4::<{ B::L1 }>(base + b_off + b_dst + b_slot * j, src, b_dummy) };
+            unsafe { cp_async_v4(base + b_off + b_dst + b_slot * j, src, b_dummy, B::L1) };
         }
         a.step(&mut ca);
         b.step(&mut cb);
@@ -1144,14 +1144,14 @@ pub unsafe fn gemm_tile_wg<A: VecOperand, B: VecOperand, E: Epilogue, const T: u
             if j < a_slots {
                 let inside = k_in && m0 + r + VSLOT_ROWS * j < m_total;
                 let src = if inside { a.src(&ca, j as usize) } else { None };
-                unsafe { cp_async_v4::<{ A::L1 }>(base + dst + slot_bytes * j, src, a_dummy) };
+                unsafe { cp_async_v4(base + dst + slot_bytes * j, src, a_dummy, A::L1) };
             }
         }
         for j in 0..4u32 {
             if j < b_slots {
                 let inside = k_in && n0 + r + VSLOT_ROWS * j < n_total;
                 let src = if inside { b.src(&cb, j as usize) } else { None };
-                unsafe { cp_async_v4::<{ B::L1 }>(base + b_off + dst + slot_bytes * j, src, b_dummy) };
+                unsafe { cp_async_v4(base + b_off + dst + slot_bytes * j, src, b_dummy, B::L1) };
             }
         }
         a.step(&mut ca);
