@@ -1054,9 +1054,11 @@ fn lrn_backward(c: &mut Ctx) -> Result<()> {
 }
 
 /// LRN then max pool shapes for the fused pair: odd planes, batch 1,
-/// channel runs of 32 crossed, uncovered bottom/right inputs, odd plane
-/// sizes (2×2 blocks cut at the edge), and AlexNet's norm1/pool1 and
-/// norm2/pool2.
+/// channel runs of 32 crossed, runs not a multiple of the kernels' 4-channel
+/// steps, uncovered bottom/right inputs, odd plane sizes (2×2 blocks cut at
+/// the edge), several row tiles per plane (the last one shorter, owning the
+/// uncovered rows; 64 columns fill the backward's 256-thread block
+/// exactly), and AlexNet's norm1/pool1 and norm2/pool2.
 fn lrn_pool_cases() -> Vec<(&'static str, (LrnParams, PoolGeom))> {
     let pair = |n, c, h, w, size, pool, alpha| {
         let p = LrnParams {
@@ -1091,6 +1093,21 @@ fn lrn_pool_cases() -> Vec<(&'static str, (LrnParams, PoolGeom))> {
         case(
             "single window 1x2x3x3 size5 3/2",
             pair(1, 2, 3, 3, 5, 3, 0.5),
+        ),
+        case("one channel 2x1x7x7 size5 3/2", pair(2, 1, 7, 7, 5, 3, 0.5)),
+        case("tiles 2x9x41x37 size5 3/2", pair(2, 9, 41, 37, 5, 3, 0.5)),
+        case(
+            "tiles even 1x5x30x21 size3 3/2",
+            pair(1, 5, 30, 21, 3, 3, 0.5),
+        ),
+        case(
+            "tiles odd 1x6x33x17 size5 2/2",
+            pair(1, 6, 33, 17, 5, 2, 0.5),
+        ),
+        case("widest 1x3x9x64 size5 3/2", pair(1, 3, 9, 64, 5, 3, 0.5)),
+        case(
+            "tiles+runs 2x41x23x29 size5 3/2",
+            pair(2, 41, 23, 29, 5, 3, 1e-4),
         ),
         case(
             "alexnet norm1+pool1 n4 96x55x55",
@@ -1154,6 +1171,8 @@ fn lrn_pool_forward(c: &mut Ctx) -> Result<()> {
         (LrnParams { size: 7, ..p }, g),
         (p, PoolGeom { stride: 1, ..g }),
         (p, PoolGeom { c: g.c + 1, ..g }),
+        // Wider than the fused kernels' tiles.
+        (LrnParams { w: 65, ..p }, PoolGeom { w: 65, ..g }),
     ]
     .iter()
     .filter(|(p, g)| !c.gpu.lrn_pool_fusable(p, g))
@@ -1162,7 +1181,7 @@ fn lrn_pool_forward(c: &mut Ctx) -> Result<()> {
         "lrn_pool_forward",
         "other shapes refused",
         &[refused as f32],
-        &[3.0],
+        &[4.0],
         0.0,
     );
     Ok(())
@@ -1214,6 +1233,11 @@ fn pool_cases() -> Vec<(&'static str, PoolGeom)> {
         ("odd 3x5x13x11 3/2", g(3, 5, 13, 11, 3, 2)),
         ("batch1 1x1x9x9 3/2", g(1, 1, 9, 9, 3, 2)),
         ("non-overlapping 2x3x8x6 2/2", g(2, 3, 8, 6, 2, 2)),
+        // Stride 2, windows 2 and 3 (unrolled kernels): uncovered last
+        // row and column, small planes many to a block.
+        ("2/2 odd tail 2x3x9x7", g(2, 3, 9, 7, 2, 2)),
+        ("3/2 even 2x3x10x12", g(2, 3, 10, 12, 3, 2)),
+        ("3/2 small planes 3x301x5x6", g(3, 301, 5, 6, 3, 2)),
         ("gapped 2x2x10x10 2/3", g(2, 2, 10, 10, 2, 3)),
         ("3 windows per row 2x3x7x9 3/1", g(2, 3, 7, 9, 3, 1)),
         ("5/2 1x2x11x12", g(1, 2, 11, 12, 5, 2)),

@@ -48,6 +48,41 @@ pub fn grid_stride() -> (usize, usize) {
     (i, gdim_x() as usize * bdim_x() as usize)
 }
 
+/// As [`grid_stride`] in 32 bits, for grids over fewer than 2^31 items
+/// (the index plus the step then never wraps).
+#[inline(always)]
+pub fn grid_stride_u32() -> (u32, u32) {
+    (bid_x() * bdim_x() + tid_x(), gdim_x() * bdim_x())
+}
+
+/// Division by a divisor `d ≥ 1` fixed at launch, for numerators below
+/// 2^31: `n / d = (mulhi(n, mul) + n) >> shr`, three instructions where a
+/// `div.u32` by a register is a sequence of about twenty. The host computes
+/// `mul` and `shr` (`backend::cuda::FastDiv::new`, CUTLASS's `FastDivmod`
+/// rule: `shr = ⌈log2 d⌉`, `mul = ⌊2^32·(2^shr − d)/d⌋ + 1`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct FastDiv {
+    pub d: u32,
+    pub mul: u32,
+    pub shr: u32,
+}
+
+impl FastDiv {
+    #[inline(always)]
+    pub fn div(&self, n: u32) -> u32 {
+        let hi = ((n as u64 * self.mul as u64) >> 32) as u32;
+        (hi + n) >> self.shr
+    }
+
+    /// `(n / d, n % d)`.
+    #[inline(always)]
+    pub fn divmod(&self, n: u32) -> (u32, u32) {
+        let q = self.div(n);
+        (q, n - q * self.d)
+    }
+}
+
 #[inline(always)]
 pub fn sync_threads() {
     unsafe { nvptx::_syncthreads() }

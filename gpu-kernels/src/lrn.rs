@@ -21,9 +21,16 @@
 //! and writes only the pooled output and its argmax offsets; the backward
 //! reads x, those offsets and the pooled gradient, recomputes scale and y,
 //! and writes dx. Neither y, scale nor the pool's input gradient touches
-//! memory (about 3 of 4.5 and 5 of 7.5 plane-sized passes saved).
+//! memory (about 3 of 4.5 and 5 of 7.5 plane-sized passes saved). Both take
+//! a tile of pooled rows and a run of channels of one image per block and
+//! go through shared memory a few channels at a time, so that every LRN
+//! value is computed once (the overlapping 3×3 windows used to recompute
+//! it 9/4 times) and each window's argmax and gradient are read once per
+//! 2×2 block of inputs, not once per input (see the kernels' docs).
 
-use crate::device::{fma, grid_stride, powf, rcp, unrolled};
+use crate::device::{
+    bid_x, bid_y, bid_z, fma, grid_stride, powf, rcp, shared, sync_threads, tid_x, unrolled,
+};
 
 /// Item `item` of the grid: the offset of its pixel's channel 0 and its
 /// channel run `[c0, c1)`.
@@ -308,8 +315,9 @@ unsafe fn backward_any(
 
 /// Shape of a fused LRN + max-pool call (passed by value): LRN over `c`
 /// channels of `h × w` planes (window `size`, constants α, β, k), its output
-/// max-pooled in `pool × pool` windows at `stride` to `oh × ow`; threads
-/// walk runs of `chunk` channels.
+/// max-pooled in `pool × pool` windows at `stride` to `oh × ow`. Block
+/// (x, y, z) of the grid takes pooled rows `x·tile ..` (at most `tile`),
+/// channels `y·run ..` (at most `run`) of image z.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct LrnPoolGeom {
@@ -322,20 +330,43 @@ pub struct LrnPoolGeom {
     pub size: u32,
     pub pool: u32,
     pub stride: u32,
-    pub chunk: u32,
+    pub run: u32,
+    pub tile: u32,
     pub alpha: f32,
     pub beta: f32,
     pub k: f32,
 }
 
+/// Threads per block of the fused kernels (the host launches this many).
+pub const FUSED_THREADS: u32 = 256;
+/// Channels per pipeline step: each step fills one of two shared buffers
+/// and ends at one barrier.
+pub const FUSED_STEP: usize = 4;
+/// Tile pixels and pooled outputs per thread and step in the forward: the
+/// host sizes tiles so that a tile's input rows hold at most
+/// `FWD_PIX·FUSED_THREADS` pixels and a step's outputs at most
+/// `FWD_ITEMS·FUSED_THREADS`. The backward takes one pixel and one 2×2
+/// gather block per thread (at most `FUSED_THREADS` of each).
+pub const FWD_PIX: usize = 2;
+pub const FWD_ITEMS: usize = 2;
+
 /// LRN then max pooling in one pass: `z` and `arg` as `maxpool_forward`
-/// writes them for `lrn_forward`'s `y`, which is never stored (nor is
-/// `scale`: the backward recomputes both from `x`). One thread per (n, oh,
-/// ow) output pixel and run of `chunk` channels; for each of its window's
-/// `pool²` inputs it slides an LRN window of `size` channels in registers
-/// (overlapping windows recompute their shared inputs: 9/4 the LRN
-/// arithmetic for 3/2, none of the traffic). The host launches only
-/// `size ∈ {3, 5}`, `pool ∈ {2, 3}`, `stride = 2`; others trap.
+/// writes them for `lrn_forward`'s `y`, which never touches global memory
+/// (nor does `scale`: the backward recomputes both from `x`).
+///
+/// A block takes a tile of pooled rows (all `ow` columns) and a run of
+/// channels of one image; its input rows, `2·tile + pool − 2` full rows,
+/// are contiguous in each channel plane, so thread t takes tile pixels t
+/// and t + 256 (coalesced). Each thread slides its pixels' LRN windows
+/// through the channels in registers, computing every y of the tile once,
+/// and writes them to shared memory, `FUSED_STEP` channels at a time (two
+/// buffers, one barrier per step; the next step's x loads are issued
+/// before this step's arithmetic). Then the threads take the step's pooled
+/// outputs (consecutive threads, consecutive outputs) and scan their
+/// windows in shared memory. Shared rows hold the even columns, then the
+/// odd ones, so a warp's window reads are consecutive words. The host
+/// launches only `size ∈ {3, 5}`, `pool ∈ {2, 3}`, `stride = 2`; others
+/// trap.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn lrn_pool_forward(
     x: *const f32,
@@ -344,99 +375,167 @@ pub unsafe extern "ptx-kernel" fn lrn_pool_forward(
     g: LrnPoolGeom,
 ) {
     unsafe {
-        match (g.size, g.pool) {
-            (5, 3) => pool_forward_fused::<5, 3, 9>(x, z, arg, &g),
-            (3, 3) => pool_forward_fused::<3, 3, 9>(x, z, arg, &g),
-            (5, 2) => pool_forward_fused::<5, 2, 4>(x, z, arg, &g),
-            (3, 2) => pool_forward_fused::<3, 2, 4>(x, z, arg, &g),
+        match (g.size, g.pool, g.stride) {
+            (5, 3, 2) => pool_forward_fused::<5, 3>(x, z, arg, &g),
+            (3, 3, 2) => pool_forward_fused::<3, 3>(x, z, arg, &g),
+            (5, 2, 2) => pool_forward_fused::<5, 2>(x, z, arg, &g),
+            (3, 2, 2) => pool_forward_fused::<3, 2>(x, z, arg, &g),
             _ => core::arch::nvptx::trap(),
         }
     }
 }
 
-/// `lrn_pool_forward` for LRN window `S` and pool window `P` (`Q = P²`
-/// inputs, row-major, so input `q`'s window offset `a·P + b` is `q`).
+/// `lrn_pool_forward` for LRN window `S` and pool window `P` (stride 2).
 #[inline(always)]
-unsafe fn pool_forward_fused<const S: usize, const P: usize, const Q: usize>(
+unsafe fn pool_forward_fused<const S: usize, const P: usize>(
     x: *const f32,
     z: *mut f32,
     arg: *mut f32,
     g: &LrnPoolGeom,
 ) {
-    let (hw, ohw) = ((g.h * g.w) as usize, (g.oh * g.ow) as usize);
-    let pixels = g.n as usize * ohw;
-    let items = pixels * g.c.div_ceil(g.chunk) as usize;
+    const STEP: u32 = FUSED_STEP as u32;
+    if g.w == 0 || g.ow == 0 {
+        return; // never (the host checks); drops the division checks below
+    }
     let half = (S / 2) as i32;
-    let (mut i, step) = grid_stride();
-    while i < items {
-        let (run, pix) = ((i / pixels) as u32, i % pixels);
-        let (img, o) = (pix / ohw, (pix % ohw) as u32);
-        let (r, q) = (o / g.ow, o % g.ow);
-        let corner = (r * g.stride * g.w + q * g.stride) as usize;
-        let xb = unsafe { x.add(img * g.c as usize * hw + corner) };
-        let out = img * g.c as usize * ohw + o as usize;
-        let (zb, ab) = unsafe { (z.add(out), arg.add(out)) };
-        let c0 = run * g.chunk;
-        let c1 = (c0 + g.chunk).min(g.c);
-        // Input q's value in channel `ch` (0 outside the channels).
-        let load = |ch: i32, q: usize| {
-            if ch >= 0 && ch < g.c as i32 {
-                let at = ch as usize * hw + (q / P) * g.w as usize + q % P;
-                unsafe { *xb.add(at) }
-            } else {
-                0.0
+    let tid = tid_x();
+    let (r0, c0, img) = (bid_x() * g.tile, bid_y() * g.run, bid_z());
+    let rows_out = g.tile.min(g.oh - r0);
+    let rows_in = 2 * rows_out + P as u32 - 2;
+    let npix = rows_in * g.w;
+    let c1 = (c0 + g.run).min(g.c);
+    if rows_out == 0 || c1 <= c0 {
+        return; // never (the host's grid has no such block), and uniform
+    }
+    let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
+    // A shared row: columns 0, 2, 4, ... then 1, 3, 5, ...; one channel's
+    // tile is a slot, `STEP` slots a buffer.
+    let half_w = g.w.div_ceil(2);
+    let ws = 2 * half_w;
+    let slot = rows_in * ws;
+    let ys = shared::<f32>();
+    let xb = unsafe { x.add(img as usize * (g.c * hw) as usize + (2 * r0 * g.w) as usize) };
+    let out = img as usize * (g.c * ohw) as usize + (c0 * ohw + r0 * g.ow) as usize;
+    let (zb, ab) = unsafe { (z.add(out), arg.add(out)) };
+
+    // This thread's tile pixels: (in the tile, offset from `xb` in a plane,
+    // offset in a shared slot).
+    let mut pix = [(false, 0u32, 0u32); FWD_PIX];
+    unrolled::<FWD_PIX>(|k| {
+        let p = tid + k as u32 * FUSED_THREADS;
+        let (row, col) = (p / g.w, p % g.w);
+        pix[k] = (p < npix, p, row * ws + (col & 1) * half_w + col / 2);
+    });
+    // Pixel k's x in channel `ch` (0 outside the channels; a negative
+    // channel wraps past `c`).
+    let load = |k: usize, ch: i32| {
+        let (ok, off, _) = pix[k];
+        if ok && (ch as u32) < g.c {
+            unsafe { *xb.add((ch as u32 * hw + off) as usize) }
+        } else {
+            0.0
+        }
+    };
+    // This thread's pooled outputs of a step: (exists, channel slot, offset
+    // of the window's corner in the slot, output offset from the run's
+    // first plane at step 0).
+    let per_ch = rows_out * g.ow;
+    let mut items = [(false, 0u32, 0u32, 0u32); FWD_ITEMS];
+    unrolled::<FWD_ITEMS>(|m| {
+        let it = tid + m as u32 * FUSED_THREADS;
+        let (cb, ot) = (it / per_ch, it % per_ch);
+        let (r, q) = (ot / g.ow, ot % g.ow);
+        items[m] = (it < STEP * per_ch, cb, 2 * r * ws + q, cb * ohw + ot);
+    });
+    // Window column b of an output at shared column q: 2q, 2q + 1, 2q + 2
+    // are even[q], odd[q], even[q + 1].
+    let cols = [0, half_w, 1];
+
+    // Step `ch` slides x(ch + half) in: xs[k][s] is then x(ch − half + s).
+    let mut xs = [[0.0f32; S]; FWD_PIX];
+    unrolled::<FWD_PIX>(|k| {
+        unrolled::<S>(|s| {
+            if s > 0 {
+                xs[k][s] = load(k, c0 as i32 + s as i32 - 1 - half);
             }
-        };
-        let mut xs = [[0.0f32; S]; Q];
-        unrolled::<Q>(|q| {
-            unrolled::<S>(|s| {
-                if s > 0 {
-                    xs[q][s] = load(c0 as i32 + s as i32 - 1 - half, q);
+        })
+    });
+    // The x that step i (channels c0 + i·STEP ..) slides in.
+    let fetch = |i: u32| {
+        let mut v = [[0.0f32; FUSED_STEP]; FWD_PIX];
+        unrolled::<FWD_PIX>(|k| {
+            unrolled::<FUSED_STEP>(|j| v[k][j] = load(k, (c0 + i * STEP + j as u32) as i32 + half))
+        });
+        v
+    };
+    let steps = (c1 - c0).div_ceil(STEP);
+    let mut next = fetch(0);
+    for i in 0..steps {
+        let cur = next;
+        if i + 1 < steps {
+            next = fetch(i + 1);
+        }
+        // Buffer i % 2: its last readers (step i − 2's pooling) are past
+        // the barrier of step i − 1.
+        let buf = unsafe { ys.add(((i & 1) * STEP * slot) as usize) };
+        unrolled::<FUSED_STEP>(|j| {
+            unrolled::<FWD_PIX>(|k| {
+                // (Warps wholly past the tile skip the arithmetic.)
+                let (ok, _, so) = pix[k];
+                if ok {
+                    slide(&mut xs[k], cur[k][j]);
+                    let (_, yv) = lrn_at(&xs[k], g.alpha, g.beta, g.k);
+                    unsafe { *buf.add((j as u32 * slot + so) as usize) = yv };
                 }
             })
         });
-        // Loads run one channel ahead of their use (two steps in flight).
-        let mut next = [0.0f32; Q];
-        unrolled::<Q>(|q| next[q] = load(c0 as i32 + half, q));
-        for ch in c0..c1 {
-            let cur = next;
-            unrolled::<Q>(|q| next[q] = load(ch as i32 + 1 + half, q));
-            let mut best = f32::NEG_INFINITY;
-            let mut at = 0u32;
-            unrolled::<Q>(|q| {
-                slide(&mut xs[q], cur[q]);
-                let (_, yv) = lrn_at(&xs[q], g.alpha, g.beta, g.k);
-                // The first input always wins (as the reference starts from
-                // it); later ones only on a strict `>`.
-                if q == 0 || yv > best {
-                    best = yv;
-                    at = q as u32;
+        sync_threads();
+        let ch = c0 + i * STEP;
+        unrolled::<FWD_ITEMS>(|m| {
+            let (ok, cb, so, oo) = items[m];
+            if ok && ch + cb < c1 {
+                let t = unsafe { buf.add((cb * slot + so) as usize) };
+                let (mut best, mut at) = (0.0f32, 0u32);
+                unrolled::<P>(|a| {
+                    unrolled::<P>(|b| {
+                        let v = unsafe { *t.add((a as u32 * ws + cols[b]) as usize) };
+                        // The first input always wins (as the reference
+                        // starts from it); later ones only on a strict `>`.
+                        if (a == 0 && b == 0) || v > best {
+                            best = v;
+                            at = (a * P + b) as u32;
+                        }
+                    })
+                });
+                let o = (oo + i * STEP * ohw) as usize;
+                unsafe {
+                    *zb.add(o) = best;
+                    *ab.add(o) = at as f32;
                 }
-            });
-            let o = ch as usize * ohw;
-            unsafe {
-                *zb.add(o) = best;
-                *ab.add(o) = at as f32;
             }
-        }
-        i += step;
+        });
     }
 }
 
 /// Backward of `lrn_pool_forward` (and, with `relu` nonzero, of the ReLU
 /// whose output `x` is): `dx` from `x`, the forward's `arg` and `dz`, as
 /// `maxpool_backward` then `lrn_backward` would give, without storing the
-/// pool's input gradient. One thread per (n, h, w) input pixel and run of
-/// `chunk` channels (consecutive threads take consecutive pixels, so x and
-/// dx are coalesced): the ≤ 2×2 pool windows (stride 2) that can hold the
-/// pixel give its `dy` where their `arg` names it; the pixel slides its LRN
-/// window of x, recomputes `scale` and `y`, and keeps `dy·y/scale` for the
-/// `size` channels the output channel needs, so the pipeline runs
-/// `size − 1` channels ahead of the channel it writes. (A 2×2 block of
-/// pixels per thread, sharing the window loads, measured 1.3× slower: its
-/// stride-2 stores and loads.) Issue-bound on the H200: one `powf` and an
-/// approximate reciprocal per element, not two `powf` and a division,
-/// took norm1 (b128) from 0.345 to 0.271 ms.
+/// pool's input gradient `dy` in global memory.
+///
+/// A block takes the input rows of a tile of pooled rows (`2·tile`; the
+/// last tile down to the bottom row) and a run of channels of one image;
+/// thread t owns tile pixel t (coalesced x loads and dx stores). The block
+/// walks the channels `FUSED_STEP` at a time. Gather: thread t also owns a
+/// 2×2 block of the tile's pixels in one channel of a step, loads the ≤ 4
+/// windows that can route to it (their `arg` and `dz`, each read once per
+/// block, not once per pixel) and writes the block's `dy`, in window order,
+/// to shared memory (two buffers, one barrier per step; step i + 1's
+/// gather loads and x loads are issued before step i's arithmetic). LRN:
+/// each thread slides its pixel's window of x through the channels in
+/// registers, recomputes `scale` once per element, keeps `dy·y/scale` and
+/// `dy·scale^(−β)` for the `size` channels its output channel needs (so
+/// the pipeline runs `size − 1` channels ahead of the channel it writes),
+/// and writes dx.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn lrn_pool_backward(
     x: *const f32,
@@ -446,105 +545,198 @@ pub unsafe extern "ptx-kernel" fn lrn_pool_backward(
     g: LrnPoolGeom,
     relu: u32,
 ) {
-    let relu = relu != 0;
     unsafe {
-        match (g.size, g.pool, g.stride) {
-            (5, 3, 2) => pool_backward_fused::<5, 3>(x, arg, dz, dx, &g, relu),
-            (3, 3, 2) => pool_backward_fused::<3, 3>(x, arg, dz, dx, &g, relu),
-            (5, 2, 2) => pool_backward_fused::<5, 2>(x, arg, dz, dx, &g, relu),
-            (3, 2, 2) => pool_backward_fused::<3, 2>(x, arg, dz, dx, &g, relu),
+        match (g.size, g.pool, g.stride, relu != 0) {
+            (5, 3, 2, false) => pool_backward_fused::<5, 3, false>(x, arg, dz, dx, &g),
+            (5, 3, 2, true) => pool_backward_fused::<5, 3, true>(x, arg, dz, dx, &g),
+            (3, 3, 2, false) => pool_backward_fused::<3, 3, false>(x, arg, dz, dx, &g),
+            (3, 3, 2, true) => pool_backward_fused::<3, 3, true>(x, arg, dz, dx, &g),
+            (5, 2, 2, false) => pool_backward_fused::<5, 2, false>(x, arg, dz, dx, &g),
+            (5, 2, 2, true) => pool_backward_fused::<5, 2, true>(x, arg, dz, dx, &g),
+            (3, 2, 2, false) => pool_backward_fused::<3, 2, false>(x, arg, dz, dx, &g),
+            (3, 2, 2, true) => pool_backward_fused::<3, 2, true>(x, arg, dz, dx, &g),
             _ => core::arch::nvptx::trap(),
         }
     }
 }
 
-/// `lrn_pool_backward` for LRN window `S`, pool window `P ≤ 4`, stride 2:
-/// input row `ih` lies in window rows `ih/2 − 1` and `ih/2` at most (and
-/// likewise columns), at offset `(ih − 2r)·P + (iw − 2c)` in window (r, c).
+/// `lrn_pool_backward` for LRN window `S`, pool window `P` (stride 2) and
+/// the ReLU mask `RELU`. Block (a, b) of the tile's 2×2 blocks lies in
+/// window rows a − 1 and a at most (and likewise columns); with P = 3,
+/// window (a−1, b−1) can only name the block's (0, 0) (offset 8), (a−1, b)
+/// only (0, 0) or (0, 1) (6, 7), (a, b−1) only (0, 0) or (1, 0) (2, 5),
+/// and (a, b) any of the four (0, 1, 3, 4); with P = 2 only window (a, b)
+/// meets the block.
 #[inline(always)]
-unsafe fn pool_backward_fused<const S: usize, const P: usize>(
+unsafe fn pool_backward_fused<const S: usize, const P: usize, const RELU: bool>(
     x: *const f32,
     arg: *const f32,
     dz: *const f32,
     dx: *mut f32,
     g: &LrnPoolGeom,
-    relu: bool,
 ) {
-    let (hw, ohw) = ((g.h * g.w) as usize, (g.oh * g.ow) as usize);
-    let pixels = g.n as usize * hw;
-    let items = pixels * g.c.div_ceil(g.chunk) as usize;
+    const STEP: u32 = FUSED_STEP as u32;
+    if g.w == 0 || g.oh == 0 || g.ow == 0 {
+        return; // never (the host checks); drops the division checks below
+    }
     let half = (S / 2) as i32;
     let coef = 2.0 * g.alpha * g.beta;
-    let (mut it, step) = grid_stride();
-    while it < items {
-        let (run, pix) = ((it / pixels) as u32, it % pixels);
-        let (img, q) = (pix / hw, (pix % hw) as u32);
-        let (ih, iw) = (q / g.w, q % g.w);
-        let plane_in = img * g.c as usize * hw + q as usize;
-        let plane_out = img * g.c as usize * ohw;
-        // Candidate windows (r, c) in window order; for each, the offset
-        // this pixel would have in it (as `arg` stores it), whether it
-        // holds the pixel, and its in-bounds index in a pooled plane.
-        let mut wins = [(0.0f32, false, 0usize); 4];
-        unrolled::<4>(|k| {
-            let (r, c) = ((ih / 2 + k as u32 / 2).wrapping_sub(1), (iw / 2 + k as u32 % 2).wrapping_sub(1));
-            let (dr, dc) = (ih.wrapping_sub(2 * r), iw.wrapping_sub(2 * c));
-            let ok = r < g.oh && c < g.ow && dr < P as u32 && dc < P as u32;
-            let at = (r.min(g.oh - 1) * g.ow + c.min(g.ow - 1)) as usize;
-            wins[k] = ((dr * P as u32 + dc) as f32, ok, at);
-        });
-        let c0 = run * g.chunk;
-        let c1 = (c0 + g.chunk).min(g.c);
-        let start = c0 as i32 - 2 * half;
-        // Pointers walk a channel a step (wrapping below channel 0; read
-        // only inside the channels): x at channel `xe`, the windows' arg and
-        // dz at `we`, dx at the step's output channel.
-        let at_ch = |p: *const f32, plane: usize, ch: i32| p.wrapping_offset(ch as isize * plane as isize);
-        let mut xe = start;
-        let mut xp = at_ch(x.wrapping_add(plane_in), hw, xe);
-        let mut we = start + half;
-        let mut ap = at_ch(arg.wrapping_add(plane_out), ohw, we);
-        let mut zp = at_ch(dz.wrapping_add(plane_out), ohw, we);
-        let mut dp = at_ch(dx.wrapping_add(plane_in), hw, start) as *mut f32;
-        let inside = |ch: i32| (ch as u32) < g.c;
-        let mut next_x = || {
-            let v = if inside(xe) { unsafe { *xp } } else { 0.0 };
-            (xe, xp) = (xe + 1, xp.wrapping_add(hw));
-            v
+    let tid = tid_x();
+    let (r0, c0, img) = (bid_x() * g.tile, bid_y() * g.run, bid_z());
+    // Owned input rows: 2·r0 .. 2·(r0 + tile), or to the bottom for the
+    // last tile (rows below every window get dy = 0, so dx = 0).
+    let row0 = 2 * r0;
+    let rows = if r0 + g.tile >= g.oh {
+        g.h - row0
+    } else {
+        2 * g.tile
+    };
+    let npix = rows * g.w;
+    let c1 = (c0 + g.run).min(g.c);
+    if rows == 0 || c1 <= c0 {
+        return; // never (the host's grid has no such block), and uniform
+    }
+    let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
+    let tile_in = img as usize * (g.c * hw) as usize + (row0 * g.w) as usize;
+    let (xb, dxb) = unsafe { (x.add(tile_in), dx.add(tile_in)) };
+    let img_out = img as usize * (g.c * ohw) as usize;
+    let (argb, dzb) = unsafe { (arg.add(img_out), dz.add(img_out)) };
+    let dys = shared::<f32>();
+    // Pipeline step c' (channels c0 − half .. c1 + half) computes scale,
+    // dy·y/scale and dy·scale^(−β) of channel c' and writes dx of channel
+    // c' − half; step i of the loop covers c' = cs + i·STEP ...
+    let cs = c0 as i32 - half;
+
+    // This thread's pixel.
+    let p = tid;
+    let mine = p < npix;
+    let load_x = |ch: i32| {
+        if mine && (ch as u32) < g.c {
+            unsafe { *xb.add((ch as u32 * hw + p) as usize) }
+        } else {
+            0.0
+        }
+    };
+
+    // This thread's gather block: 2×2 block (ba, bb) of the tile in
+    // channel slot `cb` of a step, i.e. block (a, b) = (r0 + ba, bb) of the
+    // plane.
+    let bw = g.w.div_ceil(2);
+    let nblk = rows.div_ceil(2) * bw;
+    let gathers = tid < STEP * nblk;
+    let (cb, blk) = (tid / nblk, tid % nblk);
+    let (ba, bb) = (blk / bw, blk % bw);
+    let (a, b) = (r0 + ba, bb);
+    // Window (a − 1 + u, b − 1 + v) for index 2u + v: whether it exists
+    // (a − 1 wraps past `oh` when a = 0) and its offset in a pooled plane.
+    let mut wins = [(false, 0u32); 4];
+    unrolled::<4>(|i| {
+        let r = (a + (i / 2) as u32).wrapping_sub(1);
+        let c = (b + (i % 2) as u32).wrapping_sub(1);
+        wins[i] = (
+            r < g.oh && c < g.ow,
+            r.min(g.oh - 1) * g.ow + c.min(g.ow - 1),
+        );
+    });
+    let corner = 2 * ba * g.w + 2 * bb;
+    let (down, right) = (2 * ba + 1 < rows, 2 * bb + 1 < g.w);
+    // The windows' (arg, dz) for step i ((−1, 0) where a window does not
+    // exist or the channel is outside 0..c).
+    let gather_load = |i: u32| {
+        let ch = cs + (i * STEP + cb) as i32;
+        let mut v = [(-1.0f32, 0.0f32); 4];
+        if gathers && (ch as u32) < g.c {
+            let plane = ch as u32 * ohw;
+            unrolled::<4>(|w| {
+                if P == 3 || w == 3 {
+                    let (ok, off) = wins[w];
+                    let o = (plane + off) as usize;
+                    let (at, d) = unsafe { (*argb.add(o), *dzb.add(o)) };
+                    if ok {
+                        v[w] = (at, d);
+                    }
+                }
+            });
+        }
+        v
+    };
+    // The block's dy in window order (a zero term leaves a sum unchanged),
+    // into `buf`'s slot `cb`.
+    let gather_store = |v: [(f32, f32); 4], buf: *mut f32| {
+        if !gathers {
+            return;
+        }
+        let pick = |(at, d): (f32, f32), key: f32| if at == key { d } else { 0.0 };
+        let d = if P == 3 {
+            [
+                pick(v[0], 8.0) + pick(v[1], 6.0) + pick(v[2], 2.0) + pick(v[3], 0.0),
+                pick(v[1], 7.0) + pick(v[3], 1.0),
+                pick(v[2], 5.0) + pick(v[3], 3.0),
+                pick(v[3], 4.0),
+            ]
+        } else {
+            [
+                pick(v[3], 0.0),
+                pick(v[3], 1.0),
+                pick(v[3], 2.0),
+                pick(v[3], 3.0),
+            ]
         };
-        // x over channels [t, t + S − 1] and, for channels
-        // [t − ⌊S/2⌋, t + ⌊S/2⌋] (those whose window holds t), dy·y/scale
-        // and dy·scale^(−β) (both 0 outside the channels).
-        let mut xs = [0.0f32; S];
-        let (mut qs, mut ds) = ([0.0f32; S], [0.0f32; S]);
-        unrolled::<S>(|s| {
-            if s > 0 {
-                xs[s] = next_x();
+        unsafe {
+            let q = buf.add((cb * npix + corner) as usize);
+            *q = d[0];
+            if right {
+                *q.add(1) = d[1];
             }
-        });
-        // The windows' (arg, dz) in channel `we` (unused outside the
-        // channels), then on to the next channel.
-        let mut next_w = || {
-            let mut v = [(0.0f32, 0.0f32); 4];
-            if inside(we) {
-                unrolled::<4>(|k| {
-                    let at = wins[k].2;
-                    v[k] = unsafe { (*ap.add(at), *zp.add(at)) };
-                });
+            if down {
+                let q = q.add(g.w as usize);
+                *q = d[2];
+                if right {
+                    *q.add(1) = d[3];
+                }
             }
-            (we, ap, zp) = (we + 1, ap.wrapping_add(ohw), zp.wrapping_add(ohw));
-            v
-        };
-        for t in start..c1 as i32 {
-            slide(&mut xs, next_x());
-            let w_now = next_w();
-            let (qv, dv) = if inside(t + half) {
-                // Window order; a zero term leaves the sum unchanged.
-                let mut dy = 0.0f32;
-                unrolled::<4>(|k| {
-                    let ((here, ok, _), (a, d)) = (wins[k], w_now[k]);
-                    dy += if ok && a == here { d } else { 0.0 };
-                });
+        }
+    };
+
+    // After step c' slides x(c' + half) in, xs[s] = x(c' − half + s); qs
+    // and ds end with channel c''s dy·y/scale and dy·scale^(−β) (0 outside
+    // the channels).
+    let mut xs = [0.0f32; S];
+    unrolled::<S>(|s| {
+        if s > 0 {
+            xs[s] = load_x(cs + s as i32 - 1 - half);
+        }
+    });
+    let (mut qs, mut ds) = ([0.0f32; S], [0.0f32; S]);
+    // The x that step i slides in: channels c0 + i·STEP ...
+    let x_load = |i: u32| {
+        let mut v = [0.0f32; FUSED_STEP];
+        unrolled::<FUSED_STEP>(|j| v[j] = load_x((c0 + i * STEP + j as u32) as i32));
+        v
+    };
+    let steps = (c1 - c0 + 2 * half as u32).div_ceil(STEP);
+    let slots = STEP * npix;
+    let mut x_next = x_load(0);
+    gather_store(gather_load(0), dys);
+    sync_threads();
+    for i in 0..steps {
+        let x_cur = x_next;
+        let more = i + 1 < steps;
+        let mut g_next = [(-1.0f32, 0.0f32); 4];
+        if more {
+            x_next = x_load(i + 1);
+            g_next = gather_load(i + 1);
+        }
+        let buf = unsafe { dys.add(((i & 1) * slots) as usize) };
+        // (Warps wholly past the tile skip the arithmetic.)
+        unrolled::<FUSED_STEP>(|j| {
+            if !mine {
+                return;
+            }
+            let c = cs + (i * STEP + j as u32) as i32;
+            slide(&mut xs, x_cur[j]);
+            let dy = unsafe { *buf.add((j as u32 * npix + p) as usize) };
+            let (qv, dv) = if (c as u32) < g.c {
                 let (sc, r) = lrn_scale(&xs, g.alpha, g.beta, g.k);
                 let dr = dy * r;
                 (dr * xs[S / 2] * rcp(sc), dr)
@@ -553,18 +745,25 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize>(
             };
             slide(&mut qs, qv);
             slide(&mut ds, dv);
-            if t >= c0 as i32 {
+            // Channel t = c' − half: x(t) = xs[0], its dy·scale^(−β) is
+            // ds[S/2], and qs covers the channels whose window holds t.
+            let t = c - half;
+            if ((t - c0 as i32) as u32) < c1 - c0 {
                 let xv = xs[0];
                 let mut acc = 0.0f32;
                 for v in &qs {
                     acc += *v;
                 }
                 let v = ds[S / 2] - coef * xv * acc;
-                let masked = relu && !(xv > 0.0);
-                unsafe { *dp = if masked { 0.0 } else { v } };
+                let masked = RELU && !(xv > 0.0);
+                unsafe { *dxb.add((t as u32 * hw + p) as usize) = if masked { 0.0 } else { v } };
             }
-            dp = dp.wrapping_add(hw);
+        });
+        // Buffer (i + 1) % 2: its last readers (step i − 1) are past the
+        // previous barrier.
+        if more {
+            gather_store(g_next, unsafe { dys.add((((i + 1) & 1) * slots) as usize) });
         }
-        it += step;
+        sync_threads();
     }
 }

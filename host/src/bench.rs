@@ -5,16 +5,19 @@
 //! steps after warm-up. On the GPU the timed steps replay the step captured
 //! as a CUDA graph ([`crate::step_graph`]) unless `--no-graph` or
 //! `ALEXNET_CUDA_GRAPH=0`; the result says which. `--profile` adds each
-//! layer's forward and backward time, measured layer by layer (eagerly).
-//! `--loader` instead times the config's training data pipeline alone (no
-//! model, no GPU), to tell whether it can feed the GPU.
+//! layer's forward and backward time, measured layer by layer (eagerly),
+//! and, where the backend records launches (CUDA), the time of every kernel
+//! launch of whole (eager) training steps, summed by kernel and by layer
+//! (see [`KernelProfile`]). `--loader` instead times the config's training
+//! data pipeline alone (no model, no GPU), to tell whether it can feed the
+//! GPU.
 
 use anyhow::Result;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::backend::{Backend, SgdParams};
+use crate::backend::{Backend, LaunchTime, SgdParams};
 use crate::config::Config;
 use crate::model::Model;
 use crate::step_graph::StepRunner;
@@ -47,11 +50,217 @@ pub struct BenchResult {
     /// workspaces are kept.
     pub step_memory_bytes: Option<usize>,
     pub layers: Vec<LayerTime>,
+    /// `--profile` on a backend that records launches: one step's launches
+    /// by kernel and by layer.
+    pub kernel_profile: Option<KernelProfile>,
+}
+
+/// Launches of one training step by kernel and by layer: each figure is
+/// the median over the recorded steps (so shares need not add up to
+/// exactly 100%). A launch's time runs from the end of the launch before
+/// it, so host-side gaps count towards the launch that waited.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct KernelProfile {
+    /// Recorded steps the medians are taken over.
+    pub steps: usize,
+    /// Launches in a step.
+    pub launches: usize,
+    /// Sum of a step's launch times (median over the steps).
+    pub step_ms: f32,
+    /// Largest total first.
+    pub kernels: Vec<KernelRow>,
+    /// In step order (forward layers, backward layers, then "sgd").
+    pub layers: Vec<LayerRow>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct KernelRow {
+    pub kernel: String,
+    /// Launches per step.
+    pub count: usize,
+    pub total_ms: f32,
+    /// Of `step_ms`.
+    pub share: f32,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct LayerRow {
+    /// "conv2 fwd", "conv2 bwd", "sgd".
+    pub label: String,
+    pub launches: usize,
+    pub total_ms: f32,
+    pub share: f32,
+    /// This layer's kernels, in launch order.
+    pub kernels: Vec<KernelRow>,
 }
 
 fn median(mut v: Vec<f32>) -> f32 {
     v.sort_by(f32::total_cmp);
     v[v.len() / 2]
+}
+
+/// Running (count, ms) per key for each recorded step, keys in order of
+/// first appearance.
+#[derive(Default)]
+struct Tally {
+    keys: Vec<String>,
+    /// `per_step[s][k]`: step s's (launches, ms) of key k.
+    per_step: Vec<Vec<(usize, f32)>>,
+}
+
+impl Tally {
+    fn add(&mut self, step: usize, key: &str, ms: f32) {
+        let k = match self.keys.iter().position(|x| x == key) {
+            Some(k) => k,
+            None => {
+                self.keys.push(key.to_string());
+                self.keys.len() - 1
+            }
+        };
+        if self.per_step.len() <= step {
+            self.per_step.resize(step + 1, Vec::new());
+        }
+        let row = &mut self.per_step[step];
+        if row.len() <= k {
+            row.resize(k + 1, (0, 0.0));
+        }
+        row[k].0 += 1;
+        row[k].1 += ms;
+    }
+
+    /// Per key: the median count and the median ms over `steps` steps (a
+    /// step without the key counts as 0), in first-appearance order.
+    fn medians(&self, steps: usize) -> Vec<(&str, usize, f32)> {
+        let at = |s: usize, k: usize| {
+            self.per_step
+                .get(s)
+                .and_then(|r| r.get(k))
+                .copied()
+                .unwrap_or((0, 0.0))
+        };
+        self.keys
+            .iter()
+            .enumerate()
+            .map(|(k, key)| {
+                let mut counts: Vec<usize> = (0..steps).map(|s| at(s, k).0).collect();
+                counts.sort_unstable();
+                let ms = median((0..steps).map(|s| at(s, k).1).collect());
+                (key.as_str(), counts[steps / 2], ms)
+            })
+            .collect()
+    }
+}
+
+impl KernelProfile {
+    /// Aggregates the launches of several recorded steps (each a whole
+    /// step's launches in order). `None` when nothing was recorded.
+    pub fn from_steps(steps: &[Vec<LaunchTime>]) -> Option<Self> {
+        if steps.is_empty() || steps.iter().all(|s| s.is_empty()) {
+            return None;
+        }
+        let n = steps.len();
+        let (mut kernels, mut layers) = (Tally::default(), Tally::default());
+        // One tally per label for its kernels, labels in `layers`' order.
+        let mut per_layer: Vec<Tally> = Vec::new();
+        for (s, launches) in steps.iter().enumerate() {
+            for l in launches {
+                kernels.add(s, l.kernel, l.ms);
+                layers.add(s, &l.label, l.ms);
+                let k = layers.keys.iter().position(|x| *x == l.label).unwrap();
+                if per_layer.len() <= k {
+                    per_layer.resize_with(k + 1, Tally::default);
+                }
+                per_layer[k].add(s, l.kernel, l.ms);
+            }
+        }
+        let step_ms = median(steps.iter().map(|s| s.iter().map(|l| l.ms).sum()).collect());
+        let mut launches: Vec<usize> = steps.iter().map(Vec::len).collect();
+        launches.sort_unstable();
+        let share = |ms: f32| if step_ms > 0.0 { ms / step_ms } else { 0.0 };
+        let rows = |t: &Tally| -> Vec<KernelRow> {
+            t.medians(n)
+                .into_iter()
+                .map(|(k, count, ms)| KernelRow {
+                    kernel: k.to_string(),
+                    count,
+                    total_ms: ms,
+                    share: share(ms),
+                })
+                .collect()
+        };
+        let mut by_kernel = rows(&kernels);
+        by_kernel.sort_by(|a, b| {
+            b.total_ms
+                .total_cmp(&a.total_ms)
+                .then_with(|| a.kernel.cmp(&b.kernel))
+        });
+        let by_layer = layers
+            .medians(n)
+            .into_iter()
+            .zip(&per_layer)
+            .map(|((label, count, ms), t)| LayerRow {
+                label: label.to_string(),
+                launches: count,
+                total_ms: ms,
+                share: share(ms),
+                kernels: rows(t),
+            })
+            .collect();
+        Some(KernelProfile {
+            steps: n,
+            launches: launches[n / 2],
+            step_ms,
+            kernels: by_kernel,
+            layers: by_layer,
+        })
+    }
+}
+
+/// One training step as `Model::forward`, `backward` and `sgd_step` run it,
+/// layer by layer, labelling each layer's launches for the recorder.
+fn labelled_step<B: Backend>(
+    be: &B,
+    model: &mut Model<B>,
+    sgd: &SgdParams,
+    dropout: Option<(u64, u64)>,
+) -> Result<()> {
+    let names: Vec<String> = model.layers.iter().map(|l| l.name.clone()).collect();
+    for (i, name) in names.iter().enumerate() {
+        be.set_profile_label(&format!("{name} fwd"));
+        model.forward_layer(be, i, dropout)?;
+    }
+    for (i, name) in names.iter().enumerate().rev() {
+        be.set_profile_label(&format!("{name} bwd"));
+        model.backward_layer(be, i, dropout)?;
+    }
+    be.set_profile_label("sgd");
+    model.sgd_step(be, sgd)
+}
+
+/// Records the launches of `steps` training steps and aggregates them;
+/// `None` where the backend records nothing. One more step is recorded
+/// first and dropped (it creates the recorder's events).
+fn profile_kernels<B: Backend>(
+    be: &B,
+    model: &mut Model<B>,
+    sgd: &SgdParams,
+    seed: u64,
+    steps: usize,
+) -> Result<Option<KernelProfile>> {
+    let mut runs = Vec::with_capacity(steps);
+    for s in 0..=steps {
+        if !be.start_launch_profile()? {
+            return Ok(None);
+        }
+        let step = labelled_step(be, model, sgd, Some((seed, s as u64 + 1)));
+        // Stop the recording even when the step failed.
+        let launches = be.finish_launch_profile()?;
+        step?;
+        if s > 0 {
+            runs.push(launches);
+        }
+    }
+    Ok(KernelProfile::from_steps(&runs))
 }
 
 /// Benchmarks a training step of `cfg`'s model at `batch`; `graph` false
@@ -103,7 +312,9 @@ pub fn bench<B: Backend>(
     let min = times.iter().copied().fold(f32::INFINITY, f32::min);
     let med = median(times);
     let mut layers = Vec::new();
+    let mut kernel_profile = None;
     if profile {
+        kernel_profile = profile_kernels(be, &mut model, &sgd, t.seed, steps.clamp(3, 10))?;
         let dropout = Some((t.seed, 1));
         model.forward(be, dropout)?;
         let reps = steps.clamp(3, 20);
@@ -136,6 +347,7 @@ pub fn bench<B: Backend>(
         model_memory_bytes,
         step_memory_bytes,
         layers,
+        kernel_profile,
     })
 }
 
@@ -184,6 +396,65 @@ impl BenchResult {
             println!(
                 "  {:<16} {:>21.3} ms (sum of layers; the SGD update is the rest of a step)",
                 "total", total
+            );
+        }
+        if let Some(k) = &self.kernel_profile {
+            k.print();
+        }
+    }
+}
+
+impl KernelProfile {
+    pub fn print(&self) {
+        println!(
+            "  kernels of one whole step ({} launches, {:.3} ms; median of {} recorded steps, each launch timed from the end of the one before):",
+            self.launches, self.step_ms, self.steps
+        );
+        let width = self
+            .kernels
+            .iter()
+            .map(|k| k.kernel.len())
+            .max()
+            .unwrap_or(6)
+            .max(6);
+        println!(
+            "  {:<width$} {:>6} {:>9} {:>7}",
+            "kernel", "count", "ms", "share"
+        );
+        for k in &self.kernels {
+            println!(
+                "  {:<width$} {:>6} {:>9.3} {:>6.1}%",
+                k.kernel,
+                k.count,
+                k.total_ms,
+                k.share * 100.0
+            );
+        }
+        println!("  by layer:");
+        println!(
+            "  {:<16} {:>8} {:>9} {:>7}  kernels (ms)",
+            "layer", "launches", "ms", "share"
+        );
+        for l in &self.layers {
+            let kernels: Vec<String> = l
+                .kernels
+                .iter()
+                .map(|k| {
+                    let times = if k.count > 1 {
+                        format!(" ×{}", k.count)
+                    } else {
+                        String::new()
+                    };
+                    format!("{}{times} {:.3}", k.kernel, k.total_ms)
+                })
+                .collect();
+            println!(
+                "  {:<16} {:>8} {:>9.3} {:>6.1}%  {}",
+                l.label,
+                l.launches,
+                l.total_ms,
+                l.share * 100.0,
+                kernels.join(", ")
             );
         }
     }
@@ -241,4 +512,103 @@ pub fn bench_loader(cfg: &Config, batch: usize, batches: usize) -> Result<Loader
         workers,
         images_per_sec: images as f32 / secs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch(kernel: &'static str, label: &str, ms: f32) -> LaunchTime {
+        LaunchTime {
+            kernel,
+            label: label.into(),
+            ms,
+        }
+    }
+
+    /// Three steps of the same launches with different times: medians per
+    /// kernel and per layer, counts, shares, ordering.
+    #[test]
+    fn kernel_profile_takes_medians_by_kernel_and_layer() {
+        let step = |a: f32, b: f32, c: f32| {
+            vec![
+                launch("transpose", "conv2 fwd", a),
+                launch("conv_fwd", "conv2 fwd", 2.0),
+                launch("lrn_pool", "norm2 fwd", b),
+                launch("transpose", "conv2 bwd", 0.5),
+                launch("sgd_update", "sgd", c),
+                launch("sgd_update", "sgd", c),
+            ]
+        };
+        let p = KernelProfile::from_steps(&[
+            step(1.0, 3.0, 0.1),
+            step(0.5, 1.0, 0.3),
+            step(2.0, 2.0, 0.2),
+        ])
+        .unwrap();
+        assert_eq!(p.steps, 3);
+        assert_eq!(p.launches, 6);
+        // Step sums 6.7, 4.6, 6.9: median 6.7.
+        assert!((p.step_ms - 6.7).abs() < 1e-5);
+        let k: Vec<_> = p
+            .kernels
+            .iter()
+            .map(|k| (k.kernel.as_str(), k.count, k.total_ms))
+            .collect();
+        // transpose: 1.5, 1.0, 2.5 → 1.5; lrn_pool: 3, 1, 2 → 2; conv 2;
+        // sgd: 0.2, 0.6, 0.4 → 0.4. Largest first, ties by name.
+        assert_eq!(k[0], ("conv_fwd", 1, 2.0));
+        assert_eq!(k[1], ("lrn_pool", 1, 2.0));
+        assert_eq!(k[2].0, "transpose");
+        assert_eq!(k[2].1, 2);
+        assert!((k[2].2 - 1.5).abs() < 1e-6);
+        assert_eq!(k[3].0, "sgd_update");
+        assert_eq!(k[3].1, 2);
+        assert!((k[3].2 - 0.4).abs() < 1e-6);
+        assert!((p.kernels[0].share - 2.0 / 6.7).abs() < 1e-6);
+        let l: Vec<_> = p
+            .layers
+            .iter()
+            .map(|l| (l.label.as_str(), l.launches))
+            .collect();
+        assert_eq!(
+            l,
+            [
+                ("conv2 fwd", 2),
+                ("norm2 fwd", 1),
+                ("conv2 bwd", 1),
+                ("sgd", 2)
+            ]
+        );
+        // conv2 fwd: 3.0, 2.5, 4.0 → 3.0; its kernels in launch order.
+        assert!((p.layers[0].total_ms - 3.0).abs() < 1e-6);
+        let inner: Vec<_> = p.layers[0]
+            .kernels
+            .iter()
+            .map(|k| (k.kernel.as_str(), k.total_ms))
+            .collect();
+        assert_eq!(inner, [("transpose", 1.0), ("conv_fwd", 2.0)]);
+        assert!((p.layers[3].total_ms - 0.4).abs() < 1e-6);
+        p.print(); // the table formats every row without panicking
+    }
+
+    /// A kernel missing from one step counts as 0 ms there; nothing
+    /// recorded gives no profile.
+    #[test]
+    fn kernel_profile_edge_cases() {
+        assert_eq!(KernelProfile::from_steps(&[]), None);
+        assert_eq!(KernelProfile::from_steps(&[vec![], vec![]]), None);
+        let p = KernelProfile::from_steps(&[
+            vec![launch("a", "x", 1.0), launch("b", "x", 1.0)],
+            vec![launch("a", "x", 1.0)],
+            vec![launch("a", "x", 1.0), launch("b", "y", 3.0)],
+        ])
+        .unwrap();
+        let b = p.kernels.iter().find(|k| k.kernel == "b").unwrap();
+        // b: 1.0, 0, 3.0 → median 1.0; count 1, 0, 1 → 1.
+        assert_eq!((b.count, b.total_ms), (1, 1.0));
+        let y = p.layers.iter().find(|l| l.label == "y").unwrap();
+        // y appears in one step of three: median 0.
+        assert_eq!((y.launches, y.total_ms), (0, 0.0));
+    }
 }

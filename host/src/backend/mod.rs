@@ -268,6 +268,18 @@ impl BlockCopy {
     }
 }
 
+/// One launch of a recorded stretch of device work (`host bench
+/// --profile`): the kernel (or `copy_block`), the label that was current
+/// when it was queued ([`Backend::set_profile_label`]) and its time, from
+/// the end of the previous launch to its own end (so a gap in which the
+/// device waited for the host counts towards the launch after it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaunchTime {
+    pub kernel: &'static str,
+    pub label: String,
+    pub ms: f32,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SgdParams {
     pub lr: f32,
@@ -363,6 +375,21 @@ pub trait Backend {
     /// `(free, total)` device memory in bytes, where the backend has any.
     fn memory_info(&self) -> Option<(usize, usize)> {
         None
+    }
+
+    /// Starts recording the time of every launch from here on (the CUDA
+    /// backend records an event after each); `false`, and nothing
+    /// recorded, where the backend keeps no such record (the CPU's).
+    fn start_launch_profile(&self) -> Result<bool> {
+        Ok(false)
+    }
+    /// Labels the launches queued from now on ("conv2 fwd"); does nothing
+    /// unless a recording is on.
+    fn set_profile_label(&self, _label: &str) {}
+    /// Ends the recording: every launch since the start, in order, with its
+    /// time (waits for the device). Empty where nothing was recorded.
+    fn finish_launch_profile(&self) -> Result<Vec<LaunchTime>> {
+        Ok(Vec::new())
     }
 
     /// `y = conv(x, w) + bias`.

@@ -29,6 +29,7 @@ mod lrn;
 mod optimizer;
 pub use optimizer::SgdTable;
 mod pool;
+mod profile;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -307,6 +308,8 @@ pub struct CudaBackend {
     /// Bumped whenever something a captured graph depends on is replaced
     /// or a setting changes (`graph.rs`).
     generation: AtomicU64,
+    /// Per-launch timing for `host bench --profile` (off unless started).
+    recorder: profile::Recorder,
 }
 
 /// Slots of [`CudaBackend`]'s scratch buffers.
@@ -439,6 +442,7 @@ impl CudaBackend {
             step_values,
             capturing: AtomicBool::new(false),
             generation: AtomicU64::new(0),
+            recorder: Default::default(),
         })
     }
 
@@ -582,11 +586,14 @@ impl CudaBackend {
         anyhow!("kernel {name} ({what}) failed: {e}")
     }
 
-    fn after_launch(&self, name: &str, what: &dyn Fn() -> String) -> Result<()> {
+    fn after_launch(&self, name: &'static str, what: &dyn Fn() -> String) -> Result<()> {
         if self.sync_each_launch {
             self.stream
                 .synchronize()
                 .map_err(|e| self.kernel_error(name, &what(), e))?;
+        }
+        if self.recorder.is_on() {
+            self.recorder.launched(&self.ctx, &self.stream, name)?;
         }
         Ok(())
     }
@@ -722,6 +729,38 @@ fn grid_1d(be: &CudaBackend, n: usize) -> LaunchConfig {
     }
 }
 
+/// Division by a divisor fixed at launch, as the kernels do it
+/// (`gpu_kernels::device::FastDiv`, same layout): for `n < 2^31`,
+/// `n / d = (mulhi(n, mul) + n) >> shr` with `shr = ⌈log2 d⌉` and
+/// `mul = ⌊2^32·(2^shr − d)/d⌋ + 1` (CUTLASS's `FastDivmod`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FastDiv {
+    d: u32,
+    mul: u32,
+    shr: u32,
+}
+
+impl FastDiv {
+    /// `d` in `1..=2^31`.
+    pub(crate) fn new(d: u32) -> Self {
+        assert!(
+            (1..=1 << 31).contains(&d),
+            "FastDiv: divisor {d} out of range"
+        );
+        let shr = 32 - (d - 1).leading_zeros();
+        let mul = (((1u64 << 32) * ((1u64 << shr) - d as u64)) / d as u64 + 1) as u32;
+        FastDiv { d, mul, shr }
+    }
+
+    /// What the kernels compute (for the tests).
+    #[cfg(test)]
+    fn div(&self, n: u32) -> u32 {
+        let hi = ((n as u64 * self.mul as u64) >> 32) as u32;
+        (hi + n) >> self.shr
+    }
+}
+
 fn check_len(what: &str, buf: &CudaSlice<f32>, want: usize) -> Result<()> {
     if buf.len() != want {
         bail!(
@@ -824,6 +863,16 @@ impl Backend for CudaBackend {
     }
     fn memory_info(&self) -> Option<(usize, usize)> {
         self.ctx.mem_get_info().ok()
+    }
+    fn start_launch_profile(&self) -> Result<bool> {
+        self.recorder.start(&self.ctx, &self.stream)?;
+        Ok(true)
+    }
+    fn set_profile_label(&self, label: &str) {
+        self.recorder.set_label(label);
+    }
+    fn finish_launch_profile(&self) -> Result<Vec<LaunchTime>> {
+        self.recorder.finish(&self.stream)
     }
     fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(|e| {
@@ -1096,5 +1145,52 @@ impl CudaBackend {
     /// A buffer filled with NaN, for tests that check every output is written.
     pub fn poisoned(&self, len: usize) -> Result<CudaSlice<f32>> {
         self.upload(&vec![f32::NAN; len])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FastDiv;
+
+    /// The kernels' division agrees with `/` for numerators below 2^31:
+    /// every small divisor, powers of two and their neighbours, and the
+    /// divisors the pooling kernels use, each over edge and sampled
+    /// numerators.
+    #[test]
+    fn fast_div_matches_division() {
+        let mut divisors: Vec<u32> = (1..=300).collect();
+        for k in 1..=31 {
+            let p = 1u32 << k;
+            divisors.extend([p - 1, p, p.saturating_add(1)]);
+        }
+        divisors.extend([
+            729,
+            3025,
+            169,
+            49,
+            36,
+            784,
+            196,
+            65_535,
+            1_000_003,
+            i32::MAX as u32,
+        ]);
+        let max = i32::MAX as u32;
+        for &d in divisors.iter().filter(|&&d| (1..=1 << 31).contains(&d)) {
+            let f = FastDiv::new(d);
+            let mut ns: Vec<u32> = vec![0, 1, d - 1, d, d.saturating_add(1), max - 1, max];
+            ns.extend((1..64u32).map(|k| d.saturating_mul(k).min(max)));
+            ns.extend((1..64u32).map(|k| d.saturating_mul(k).min(max).saturating_sub(1)));
+            let mut s = 0x9E37_79B9u32 ^ d;
+            for _ in 0..2000 {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                ns.push(s & max);
+            }
+            for n in ns.into_iter().filter(|&n| n <= max) {
+                assert_eq!(f.div(n), n / d, "{n} / {d} ({f:?})");
+            }
+        }
     }
 }
