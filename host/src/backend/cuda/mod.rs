@@ -363,10 +363,10 @@ impl CudaBackend {
         // per-buffer event tracking would only add overhead.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(gpu_err)?;
-        // Hopper (9.0) gets the sm_90a module and its `wgmma` kernels unless
-        // `ALEXNET_WGMMA=0`.
-        let hopper = ctx.compute_capability().map_err(gpu_err)? == (9, 0)
-            && std::env::var("ALEXNET_WGMMA").map_or(true, |v| v != "0");
+        // Hopper (9.0) gets the sm_90a module and its `wgmma` kernels; the
+        // products use them only with `ALEXNET_WGMMA=1` (measured slower
+        // than `mma.sync` so far; see `gemm::gemm_tile_wg`).
+        let hopper = ctx.compute_capability().map_err(gpu_err)? == (9, 0);
         let (ptx, arch) = if hopper {
             (crate::PTX_SM90A, "sm_90a")
         } else {
@@ -437,7 +437,7 @@ impl CudaBackend {
                 _ => None,
             },
             has_wgmma: hopper,
-            wgmma: hopper,
+            wgmma: hopper && std::env::var("ALEXNET_WGMMA").is_ok_and(|v| v == "1"),
             scratch: Default::default(),
             step_values,
             capturing: AtomicBool::new(false),
@@ -522,7 +522,13 @@ impl CudaBackend {
         self.has_wgmma
     }
 
-    /// Turns the warpgroup engine on or off (where the GPU has it).
+    /// Whether the products use the warpgroup engine now.
+    pub fn wgmma_enabled(&self) -> bool {
+        self.wgmma
+    }
+
+    /// Turns the warpgroup engine on or off (where the GPU has it;
+    /// `ALEXNET_WGMMA=1` turns it on at start).
     pub fn set_wgmma(&mut self, on: bool) {
         self.wgmma = on && self.has_wgmma;
     }
