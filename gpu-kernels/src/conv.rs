@@ -15,7 +15,7 @@
 //! the `_wide` variants, 256 threads, `gemm::shared_bytes(wide)` of dynamic
 //! shared memory.
 
-use crate::device::{bdim_x, bid_x, bid_y, bid_z, block_sum, shared, tid_x};
+use crate::device::{FastDiv, bdim_x, bid_x, bid_y, bid_z, block_sum, shared, tid_x};
 use crate::gemm::{
     BK, Epilogue, Operand, SLOT_STRIDE, Strided, VStrided, VecOperand, elem_at, gemm_kernels,
     gemm_tile, gemm_tile_v, split_range, vbk, vlen,
@@ -606,8 +606,8 @@ gemm_kernels!(conv_backward_filter_impl (s: ConvShape, x: *const f32, dy: *const
 /// `db[slice·C_out + c]` (summed in a fixed order by `splitk_reduce`).
 /// Block (c, slice) walks its channel's planes for images
 /// `slice·per..(slice+1)·per` as one flat run of `per·hw` elements (256
-/// threads, each stepping 256 along it with an add and a compare per plane
-/// crossed: no division), then a fixed-order block reduction
+/// threads, each stepping 256 along it, four loads in flight; plane and
+/// position by a multiply-shift division), then a fixed-order block reduction
 /// (deterministic). Grid (C_out, splits), 32 floats of dynamic shared
 /// memory.
 #[unsafe(no_mangle)]
@@ -616,33 +616,36 @@ pub unsafe extern "ptx-kernel" fn conv_backward_bias(
     db: *mut f32,
     n: u32,
     c_out: u32,
-    hw: u32,
+    hw: FastDiv,
     per: u32,
 ) {
     let (c, slice) = (bid_x() as usize, bid_y());
     let first = slice * per;
-    let last = (first + per).min(n);
-    let (hwu, c_out) = (hw as usize, c_out as usize);
-    let mut s = 0.0f32;
-    if first < last {
-        let mut img = first as usize;
-        let mut p = tid_x();
-        while p >= hw {
-            p -= hw;
-            img += 1;
-        }
-        while img < last as usize {
-            s += unsafe { *dy.add((img * c_out + c) * hwu + p as usize) };
-            p += bdim_x();
-            while p >= hw {
-                p -= hw;
-                img += 1;
-            }
-        }
+    let len = (first + per).min(n).saturating_sub(first) * hw.d;
+    let (plane, image) = (hw.d as usize, c_out as usize * hw.d as usize);
+    let base = first as usize * image + c * plane;
+    let at = |i: u32| {
+        let (img, p) = hw.divmod(i);
+        unsafe { *dy.add(base + img as usize * image + p as usize) }
+    };
+    // Four independent loads and sums per round (memory-level parallelism).
+    let (mut i, step) = (tid_x(), bdim_x());
+    let mut s = [0.0f32; 4];
+    while i + 3 * step < len {
+        s[0] += at(i);
+        s[1] += at(i + step);
+        s[2] += at(i + 2 * step);
+        s[3] += at(i + 3 * step);
+        i += 4 * step;
     }
+    while i < len {
+        s[0] += at(i);
+        i += step;
+    }
+    let s = (s[0] + s[1]) + (s[2] + s[3]);
     let total = unsafe { block_sum(s, shared::<f32>()) };
     if tid_x() == 0 {
-        unsafe { *db.add(slice as usize * c_out + c) = total };
+        unsafe { *db.add(slice as usize * c_out as usize + c) = total };
     }
 }
 

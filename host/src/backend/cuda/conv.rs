@@ -605,13 +605,14 @@ pub(super) fn conv_backward_bias(
     check_len("conv_backward_bias dy", dy, g.y_len())?;
     check_len("conv_backward_bias db", db, g.c_out)?;
     let hw = g.out_h() * g.out_w();
-    // Enough (channel, image-slice) blocks for ~4 per SM, each slice still
+    // Enough (channel, image-slice) blocks for ~8 per SM, each slice still
     // at least 4096 elements.
-    let want = (4 * be.sm_count() as usize).div_ceil(g.c_out);
+    let want = (8 * be.sm_count() as usize).div_ceil(g.c_out);
     let splits = want.min(g.n * hw / 4096).clamp(1, g.n);
     let per = g.n.div_ceil(splits);
     let splits = g.n.div_ceil(per);
-    let (n, c, hw32, per32) = (g.n as u32, g.c_out as u32, hw as u32, per as u32);
+    let (n, c, per32) = (g.n as u32, g.c_out as u32, per as u32);
+    let hw32 = super::FastDiv::new(hw as u32);
     let cfg = LaunchConfig {
         grid_dim: (c, splits as u32, 1),
         block_dim: (256, 1, 1),

@@ -747,6 +747,9 @@ pub(crate) struct FastDiv {
     shr: u32,
 }
 
+// SAFETY: plain `repr(C)` words, passed by value to kernels.
+unsafe impl cudarc::driver::DeviceRepr for FastDiv {}
+
 impl FastDiv {
     /// `d` in `1..=2^31`.
     pub(crate) fn new(d: u32) -> Self {
