@@ -47,18 +47,35 @@ fn main() {
 
     // The portable module and the Hopper one (its `wgmma` kernels need the
     // architecture-specific `sm_90a` target), built side by side.
-    let mut base = kernel_build(&kernels, &out.join("gpu-kernels-target"), &arch, &ptx_version, false);
-    let mut hopper = kernel_build(&kernels, &out.join("gpu-kernels-target-sm90a"), "sm_90a", &ptx_version, true);
+    let mut base = kernel_build(
+        &kernels,
+        &out.join("gpu-kernels-target"),
+        &arch,
+        &ptx_version,
+        false,
+    );
+    let mut hopper = kernel_build(
+        &kernels,
+        &out.join("gpu-kernels-target-sm90a"),
+        "sm_90a",
+        &ptx_version,
+        true,
+    );
     let (base_ok, hopper_ok) = (base.wait(), hopper.wait());
     for (status, what) in [(base_ok, arch.as_str()), (hopper_ok, "sm_90a")] {
         let ok = status.is_ok_and(|s| s.success());
-        assert!(ok, "build.rs: building gpu-kernels for nvptx64-nvidia-cuda ({what}) failed");
+        assert!(
+            ok,
+            "build.rs: building gpu-kernels for nvptx64-nvidia-cuda ({what}) failed"
+        );
     }
     for (dir, file) in [
         ("gpu-kernels-target", "kernels.ptx"),
         ("gpu-kernels-target-sm90a", "kernels_sm90a.ptx"),
     ] {
-        let asm = out.join(dir).join("nvptx64-nvidia-cuda/release/deps/gpu_kernels.s");
+        let asm = out
+            .join(dir)
+            .join("nvptx64-nvidia-cuda/release/deps/gpu_kernels.s");
         let ptx = std::fs::read_to_string(&asm)
             .unwrap_or_else(|e| panic!("build.rs: no PTX at {}: {e}", asm.display()));
         assert!(

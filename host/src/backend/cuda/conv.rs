@@ -100,8 +100,7 @@ pub(super) fn conv_forward(
     );
     let what = || format!("{g:?}");
     let (cg, kk) = (g.c_in / g.groups, g.k_h * g.k_w);
-    if let Some((name, half, rw)) = row_path(be, g, "conv_forward", wide, Some(cfg.grid_dim))
-    {
+    if let Some((name, half, rw)) = row_path(be, g, "conv_forward", wide, Some(cfg.grid_dim)) {
         let (pg, wg) = (RowGeom::patches(g, rw), RowGeom::filters(g, rw));
         return cut_rows(be, Scratch::X, x, &pg, half, |p| {
             cut_rows(
@@ -115,9 +114,7 @@ pub(super) fn conv_forward(
         });
     }
     let fits = [cg.is_multiple_of(4), cg.is_multiple_of(8)];
-    if let Some((name, half)) =
-        channels_last(be, "conv_forward", fits, wide, Some(cfg.grid_dim))
-    {
+    if let Some((name, half)) = channels_last(be, "conv_forward", fits, wide, Some(cfg.grid_dim)) {
         let x_dims = [g.n, g.c_in, g.h * g.w];
         return relayout(be, Scratch::X, x, x_dims, g.c_in, half, |xt| {
             relayout(
@@ -187,8 +184,7 @@ fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
     let (cg, fg) = (g.c_in / g.groups, g.c_out / g.groups);
     let (cfg, wide) = tiles(be, cg, g.n * g.h * g.w, g.groups);
     let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
-    let (name, half) =
-        channels_last(be, "conv_backward_data", fits, wide, Some(cfg.grid_dim))?;
+    let (name, half) = channels_last(be, "conv_backward_data", fits, wide, Some(cfg.grid_dim))?;
     Some(VecPlan {
         name,
         half,

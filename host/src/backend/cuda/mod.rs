@@ -392,8 +392,7 @@ impl CudaBackend {
                     gemm::VEC_SHARED_MAX,
                 )
                 .map_err(|e| anyhow!("allowing {name} its shared memory failed: {e}"))?;
-                let cfg =
-                    gemm::vec_cfg(LaunchConfig::for_num_elems(1), name);
+                let cfg = gemm::vec_cfg(LaunchConfig::for_num_elems(1), name);
                 let blocks = f
                     .occupancy_max_active_blocks_per_multiprocessor(
                         cfg.block_dim.0,
