@@ -382,27 +382,20 @@ pub unsafe fn cp_async_v4(dst: u32, src: Option<*const f32>, dummy: *const f32, 
         Some(p) => (p, 16u32),
         None => (dummy, 0u32),
     };
-    if l1 {
-        unsafe {
-            asm!(
-                "cp.async.ca.shared.global [{d}], [{s}], 16, {n};",
-                d = in(reg32) dst,
-                s = in(reg64) p,
-                n = in(reg32) n,
-                options(nostack, preserves_flags),
-            )
-        };
-    } else {
-        unsafe {
-            asm!(
-                "cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
-                d = in(reg32) dst,
-                s = in(reg64) p,
-                n = in(reg32) n,
-                options(nostack, preserves_flags),
-            )
+    macro_rules! copy {
+        ($cache:literal) => {
+            unsafe {
+                asm!(
+                    concat!("cp.async.", $cache, ".shared.global [{d}], [{s}], 16, {n};"),
+                    d = in(reg32) dst,
+                    s = in(reg64) p,
+                    n = in(reg32) n,
+                    options(nostack, preserves_flags),
+                )
+            }
         };
     }
+    if l1 { copy!("ca") } else { copy!("cg") }
 }
 
 /// Four 8×8 matrices of 16-bit elements from shared memory in one warp-wide
