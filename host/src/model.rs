@@ -29,6 +29,17 @@ pub struct Param<B: Backend> {
     pub momentum: B::Buf,
 }
 
+impl<B: Backend> Param<B> {
+    /// The buffers an SGD update reads and writes.
+    pub fn sgd_tensor(&mut self) -> SgdTensor<'_, B::Buf> {
+        SgdTensor {
+            w: &mut self.value,
+            g: &self.grad,
+            v: &mut self.momentum,
+        }
+    }
+}
+
 /// Per-layer runtime data: which buffers it reads and writes, and which
 /// parameters it owns.
 struct Slot {
@@ -481,15 +492,7 @@ impl<B: Backend> Model<B> {
     /// One SGD step over every parameter (after `backward`), in one
     /// [`Backend::sgd_update_all`].
     pub fn sgd_step(&mut self, be: &B, p: &SgdParams) -> Result<()> {
-        let mut tensors: Vec<_> = self
-            .params
-            .iter_mut()
-            .map(|prm| SgdTensor {
-                w: &mut prm.value,
-                g: &prm.grad,
-                v: &mut prm.momentum,
-            })
-            .collect();
+        let mut tensors: Vec<_> = self.params.iter_mut().map(Param::sgd_tensor).collect();
         be.sgd_update_all(p, &mut tensors, &mut self.sgd_table)
     }
 

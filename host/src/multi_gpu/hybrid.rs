@@ -40,7 +40,7 @@ use anyhow::{Context, Result, bail};
 
 use super::{Bucket, backward_in_buckets, plan_model_buckets, rank_seed, split_range};
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, BlockCopy, DropoutParams, FcGeom, SgdParams, SgdTensor};
+use crate::backend::{Backend, BlockCopy, DropoutParams, FcGeom, SgdParams};
 use crate::checkpoint::NamedTensor;
 use crate::config::{LayerKind, ModelSpec};
 use crate::data::Loader;
@@ -471,11 +471,7 @@ impl<B: Backend, R: Reducer<B>> HybridRank<B, R> {
             .fcs
             .iter_mut()
             .flat_map(|f| [&mut f.weight, &mut f.bias])
-            .map(|p| SgdTensor {
-                w: &mut p.value,
-                g: &p.grad,
-                v: &mut p.momentum,
-            })
+            .map(Param::sgd_tensor)
             .collect();
         be.sgd_update_all(sgd, &mut tensors, &mut self.fc_sgd_table)
     }
