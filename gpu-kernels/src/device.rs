@@ -314,6 +314,36 @@ pub fn shared_addr<T>(p: *const T) -> u32 {
     a
 }
 
+/// One float from shared memory at window address `addr` (see
+/// [`shared_addr`]): 32-bit address arithmetic, where a generic `*mut f32`
+/// into the dynamic shared block makes LLVM compute 64-bit addresses.
+#[inline(always)]
+pub unsafe fn ld_shared(addr: u32) -> f32 {
+    let v: f32;
+    unsafe {
+        asm!(
+            "ld.shared.f32 {v}, [{addr}];",
+            addr = in(reg32) addr,
+            v = out(reg32) v,
+            options(readonly, nostack, preserves_flags),
+        )
+    };
+    v
+}
+
+/// Stores one float to shared memory at window address `addr`.
+#[inline(always)]
+pub unsafe fn st_shared(addr: u32, v: f32) {
+    unsafe {
+        asm!(
+            "st.shared.f32 [{addr}], {v};",
+            addr = in(reg32) addr,
+            v = in(reg32) v,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
 /// Four floats from shared memory at window address `addr` (see
 /// [`shared_addr`]) in one `ld.shared.v4.f32`; `addr` must be 16-byte aligned.
 /// (LLVM only knows the dynamic shared base as 4-byte aligned, so plain Rust

@@ -29,7 +29,8 @@
 //! 2×2 block of inputs, not once per input (see the kernels' docs).
 
 use crate::device::{
-    bid_x, bid_y, bid_z, fma, grid_stride, powf, rcp, shared, sync_threads, tid_x, unrolled,
+    bdim_x, bid_x, bid_y, bid_z, fma, grid_stride, ld_shared, powf, rcp, shared, shared_addr,
+    st_shared, sync_threads, tid_x, unrolled,
 };
 
 /// Item `item` of the grid: the offset of its pixel's channel 0 and its
@@ -138,12 +139,19 @@ fn lrn_at<const S: usize>(xs: &[f32; S], alpha: f32, beta: f32, k: f32) -> (f32,
 /// `(scale, scale^(−β))` of the channel at the centre of window `xs`.
 #[inline(always)]
 fn lrn_scale<const S: usize>(xs: &[f32; S], alpha: f32, beta: f32, k: f32) -> (f32, f32) {
-    let mut sum = 0.0f32;
-    for v in xs {
+    // (From xs[0]², as fma(xs[0], xs[0], 0) rounds: one instruction less.)
+    let mut sum = xs[0] * xs[0];
+    for v in &xs[1..] {
         sum = fma(*v, *v, sum);
     }
     let sc = fma(alpha, sum, k);
     (sc, powf(sc, -beta))
+}
+
+/// `w[0] + w[1] + …` in that order.
+#[inline(always)]
+fn window_sum<const S: usize>(w: &[f32; S]) -> f32 {
+    w[1..].iter().fold(w[0], |acc, v| acc + v)
 }
 
 /// As [`forward_sliding`] for any window size, re-reading the window.
@@ -337,16 +345,17 @@ pub struct LrnPoolGeom {
     pub k: f32,
 }
 
-/// Threads per block of the fused kernels (the host launches this many).
+/// Most threads per block of the fused kernels (the host launches the
+/// fewest whole warps a tile needs, up to this; the kernels read the block
+/// size).
 pub const FUSED_THREADS: u32 = 256;
 /// Channels per pipeline step: each step fills one of two shared buffers
 /// and ends at one barrier.
 pub const FUSED_STEP: usize = 4;
 /// Tile pixels and pooled outputs per thread and step in the forward: the
-/// host sizes tiles so that a tile's input rows hold at most
-/// `FWD_PIX·FUSED_THREADS` pixels and a step's outputs at most
-/// `FWD_ITEMS·FUSED_THREADS`. The backward takes one pixel and one 2×2
-/// gather block per thread (at most `FUSED_THREADS` of each).
+/// host sizes tiles and blocks so that a tile's input rows hold at most
+/// `FWD_PIX` pixels per thread and a step's outputs at most `FWD_ITEMS`.
+/// The backward takes one pixel and one 2×2 gather block per thread.
 pub const FWD_PIX: usize = 2;
 pub const FWD_ITEMS: usize = 2;
 
@@ -357,8 +366,8 @@ pub const FWD_ITEMS: usize = 2;
 /// A block takes a tile of pooled rows (all `ow` columns) and a run of
 /// channels of one image; its input rows, `2·tile + pool − 2` full rows,
 /// are contiguous in each channel plane, so thread t takes tile pixels t
-/// and t + 256 (coalesced). Each thread slides its pixels' LRN windows
-/// through the channels in registers, computing every y of the tile once,
+/// and t + (block size) (coalesced). Each thread slides its pixels' LRN
+/// windows through the channels in registers, computing every y once,
 /// and writes them to shared memory, `FUSED_STEP` channels at a time (two
 /// buffers, one barrier per step; the next step's x loads are issued
 /// before this step's arithmetic). Then the threads take the step's pooled
@@ -386,6 +395,10 @@ pub unsafe extern "ptx-kernel" fn lrn_pool_forward(
 }
 
 /// `lrn_pool_forward` for LRN window `S` and pool window `P` (stride 2).
+/// Steps whose channels (and the next step's x loads) lie inside the
+/// tensor and the run take a copy of the step without per-channel checks;
+/// x, z and arg are reached through pointers that walk the channels,
+/// shared memory through 32-bit window addresses.
 #[inline(always)]
 unsafe fn pool_forward_fused<const S: usize, const P: usize>(
     x: *const f32,
@@ -398,7 +411,7 @@ unsafe fn pool_forward_fused<const S: usize, const P: usize>(
         return; // never (the host checks); drops the division checks below
     }
     let half = (S / 2) as i32;
-    let tid = tid_x();
+    let (tid, threads) = (tid_x(), bdim_x());
     let (r0, c0, img) = (bid_x() * g.tile, bid_y() * g.run, bid_z());
     let rows_out = g.tile.min(g.oh - r0);
     let rows_in = 2 * rows_out + P as u32 - 2;
@@ -408,48 +421,57 @@ unsafe fn pool_forward_fused<const S: usize, const P: usize>(
         return; // never (the host's grid has no such block), and uniform
     }
     let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
+    let (hs, ohs) = (hw as usize, ohw as usize);
     // A shared row: columns 0, 2, 4, ... then 1, 3, 5, ...; one channel's
-    // tile is a slot, `STEP` slots a buffer.
+    // tile is a slot, `STEP` slots a buffer (32-bit window addresses).
     let half_w = g.w.div_ceil(2);
     let ws = 2 * half_w;
     let slot = rows_in * ws;
-    let ys = shared::<f32>();
-    let xb = unsafe { x.add(img as usize * (g.c * hw) as usize + (2 * r0 * g.w) as usize) };
+    let ys = shared_addr(shared::<f32>());
+    let xb = x.wrapping_add(img as usize * (g.c * hw) as usize + (2 * r0 * g.w) as usize);
     let out = img as usize * (g.c * ohw) as usize + (c0 * ohw + r0 * g.ow) as usize;
-    let (zb, ab) = unsafe { (z.add(out), arg.add(out)) };
+    let (zb, ab) = (z.wrapping_add(out), arg.wrapping_add(out));
 
-    // This thread's tile pixels: (in the tile, offset from `xb` in a plane,
-    // offset in a shared slot).
-    let mut pix = [(false, 0u32, 0u32); FWD_PIX];
+    // This thread's tile pixels: (in the tile, its x at channel 0, its
+    // shared address in slot 0 of buffer 0).
+    let mut pix = [(false, x, 0u32); FWD_PIX];
     unrolled::<FWD_PIX>(|k| {
-        let p = tid + k as u32 * FUSED_THREADS;
+        let p = tid + k as u32 * threads;
         let (row, col) = (p / g.w, p % g.w);
-        pix[k] = (p < npix, p, row * ws + (col & 1) * half_w + col / 2);
+        let so = row * ws + (col & 1) * half_w + col / 2;
+        pix[k] = (p < npix, xb.wrapping_add(p as usize), ys + 4 * so);
     });
     // Pixel k's x in channel `ch` (0 outside the channels; a negative
     // channel wraps past `c`).
     let load = |k: usize, ch: i32| {
-        let (ok, off, _) = pix[k];
+        let (ok, xp, _) = pix[k];
         if ok && (ch as u32) < g.c {
-            unsafe { *xb.add((ch as u32 * hw + off) as usize) }
+            unsafe { *xp.add(ch as usize * hs) }
         } else {
             0.0
         }
     };
-    // This thread's pooled outputs of a step: (exists, channel slot, offset
-    // of the window's corner in the slot, output offset from the run's
-    // first plane at step 0).
+    // This thread's pooled outputs of a step: (exists, channel slot,
+    // shared address of the window's corner in buffer 0, output offset from
+    // the run's first plane at step 0).
     let per_ch = rows_out * g.ow;
-    let mut items = [(false, 0u32, 0u32, 0u32); FWD_ITEMS];
+    let mut items = [(false, 0u32, 0u32, 0usize); FWD_ITEMS];
     unrolled::<FWD_ITEMS>(|m| {
-        let it = tid + m as u32 * FUSED_THREADS;
+        let it = tid + m as u32 * threads;
         let (cb, ot) = (it / per_ch, it % per_ch);
         let (r, q) = (ot / g.ow, ot % g.ow);
-        items[m] = (it < STEP * per_ch, cb, 2 * r * ws + q, cb * ohw + ot);
+        let so = cb * slot + 2 * r * ws + q;
+        items[m] = (
+            it < STEP * per_ch,
+            cb,
+            ys + 4 * so,
+            (cb * ohw + ot) as usize,
+        );
     });
     // Window column b of an output at shared column q: 2q, 2q + 1, 2q + 2
-    // are even[q], odd[q], even[q + 1].
-    let cols = [0, half_w, 1];
+    // are even[q], odd[q], even[q + 1] (byte offsets).
+    let cols = [0, 4 * half_w, 4];
+    let (slot_b, row_b, buf_b) = (4 * slot, 4 * ws, 4 * STEP * slot);
 
     // Step `ch` slides x(ch + half) in: xs[k][s] is then x(ch − half + s).
     let mut xs = [[0.0f32; S]; FWD_PIX];
@@ -460,60 +482,82 @@ unsafe fn pool_forward_fused<const S: usize, const P: usize>(
             }
         })
     });
-    // The x that step i (channels c0 + i·STEP ..) slides in.
-    let fetch = |i: u32| {
+    // The x that step i (channels c0 + i·STEP ..) slides in (`fast`: all
+    // inside the tensor).
+    let fetch = |i: u32, fast: bool| {
         let mut v = [[0.0f32; FUSED_STEP]; FWD_PIX];
+        let ch = (c0 + i * STEP) as i32 + half;
         unrolled::<FWD_PIX>(|k| {
-            unrolled::<FUSED_STEP>(|j| v[k][j] = load(k, (c0 + i * STEP + j as u32) as i32 + half))
+            let (ok, xp, _) = pix[k];
+            if fast && ok {
+                let mut q = xp.wrapping_add(ch as usize * hs);
+                unrolled::<FUSED_STEP>(|j| {
+                    v[k][j] = unsafe { *q };
+                    q = q.wrapping_add(hs);
+                });
+            } else if !fast {
+                unrolled::<FUSED_STEP>(|j| v[k][j] = load(k, ch + j as i32));
+            }
         });
         v
     };
     let steps = (c1 - c0).div_ceil(STEP);
-    let mut next = fetch(0);
+    let mut next = fetch(0, false);
     for i in 0..steps {
-        let cur = next;
-        if i + 1 < steps {
-            next = fetch(i + 1);
-        }
-        // Buffer i % 2: its last readers (step i − 2's pooling) are past
-        // the barrier of step i − 1.
-        let buf = unsafe { ys.add(((i & 1) * STEP * slot) as usize) };
-        unrolled::<FUSED_STEP>(|j| {
-            unrolled::<FWD_PIX>(|k| {
-                // (Warps wholly past the tile skip the arithmetic.)
-                let (ok, _, so) = pix[k];
-                if ok {
-                    slide(&mut xs[k], cur[k][j]);
-                    let (_, yv) = lrn_at(&xs[k], g.alpha, g.beta, g.k);
-                    unsafe { *buf.add((j as u32 * slot + so) as usize) = yv };
+        // Step i + 1 loads x up to channel c0 + (i + 2)·STEP − 1 + half and
+        // pools channels c0 + i·STEP .. + STEP.
+        let ci = c0 + i * STEP;
+        let more = i + 1 < steps;
+        let fast = more && ci + 2 * STEP - 1 + (half as u32) < g.c && ci + STEP <= c1;
+        macro_rules! step {
+            ($fast:literal) => {{
+                let fast: bool = $fast;
+                let cur = next;
+                if fast || more {
+                    next = fetch(i + 1, fast);
                 }
-            })
-        });
-        sync_threads();
-        let ch = c0 + i * STEP;
-        unrolled::<FWD_ITEMS>(|m| {
-            let (ok, cb, so, oo) = items[m];
-            if ok && ch + cb < c1 {
-                let t = unsafe { buf.add((cb * slot + so) as usize) };
-                let (mut best, mut at) = (0.0f32, 0u32);
-                unrolled::<P>(|a| {
-                    unrolled::<P>(|b| {
-                        let v = unsafe { *t.add((a as u32 * ws + cols[b]) as usize) };
-                        // The first input always wins (as the reference
-                        // starts from it); later ones only on a strict `>`.
-                        if (a == 0 && b == 0) || v > best {
-                            best = v;
-                            at = (a * P + b) as u32;
+                // Buffer i % 2: its last readers (step i − 2's pooling) are
+                // past the barrier of step i − 1.
+                let buf = (i & 1) * buf_b;
+                unrolled::<FUSED_STEP>(|j| {
+                    unrolled::<FWD_PIX>(|k| {
+                        // (Warps wholly past the tile skip the arithmetic.)
+                        let (ok, _, sa) = pix[k];
+                        if ok {
+                            slide(&mut xs[k], cur[k][j]);
+                            let (_, yv) = lrn_at(&xs[k], g.alpha, g.beta, g.k);
+                            unsafe { st_shared(sa + buf + j as u32 * slot_b, yv) };
                         }
                     })
                 });
-                let o = (oo + i * STEP * ohw) as usize;
-                unsafe {
-                    *zb.add(o) = best;
-                    *ab.add(o) = at as f32;
-                }
-            }
-        });
+                sync_threads();
+                let o = i as usize * STEP as usize * ohs;
+                unrolled::<FWD_ITEMS>(|m| {
+                    let (ok, cb, sa, oo) = items[m];
+                    if ok && (fast || ci + cb < c1) {
+                        let t = sa + buf;
+                        let (mut best, mut at) = (0.0f32, 0u32);
+                        unrolled::<P>(|a| {
+                            unrolled::<P>(|b| {
+                                let v = unsafe { ld_shared(t + a as u32 * row_b + cols[b]) };
+                                // The first input always wins (as the
+                                // reference starts from it); later ones
+                                // only on a strict `>`.
+                                if (a == 0 && b == 0) || v > best {
+                                    best = v;
+                                    at = (a * P + b) as u32;
+                                }
+                            })
+                        });
+                        unsafe {
+                            *zb.add(o + oo) = best;
+                            *ab.add(o + oo) = at as f32;
+                        }
+                    }
+                });
+            }};
+        }
+        if fast { step!(true) } else { step!(false) }
     }
 }
 
@@ -567,6 +611,11 @@ pub unsafe extern "ptx-kernel" fn lrn_pool_backward(
 /// only (0, 0) or (0, 1) (6, 7), (a, b−1) only (0, 0) or (1, 0) (2, 5),
 /// and (a, b) any of the four (0, 1, 3, 4); with P = 2 only window (a, b)
 /// meets the block.
+///
+/// Steps whose channels all lie inside the tensor and the run (all but
+/// the first one and the last one or two) take a copy of the step without
+/// any per-channel check; x and dx are reached through pointers that walk
+/// the channels, shared memory through 32-bit window addresses.
 #[inline(always)]
 unsafe fn pool_backward_fused<const S: usize, const P: usize, const RELU: bool>(
     x: *const f32,
@@ -580,7 +629,7 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize, const RELU: bool>(
         return; // never (the host checks); drops the division checks below
     }
     let half = (S / 2) as i32;
-    let coef = 2.0 * g.alpha * g.beta;
+    let ncoef = -2.0 * g.alpha * g.beta;
     let tid = tid_x();
     let (r0, c0, img) = (bid_x() * g.tile, bid_y() * g.run, bid_z());
     // Owned input rows: 2·r0 .. 2·(r0 + tile), or to the bottom for the
@@ -597,25 +646,47 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize, const RELU: bool>(
         return; // never (the host's grid has no such block), and uniform
     }
     let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
+    let (hs, ohs) = (hw as usize, ohw as usize);
     let tile_in = img as usize * (g.c * hw) as usize + (row0 * g.w) as usize;
-    let (xb, dxb) = unsafe { (x.add(tile_in), dx.add(tile_in)) };
     let img_out = img as usize * (g.c * ohw) as usize;
-    let (argb, dzb) = unsafe { (arg.add(img_out), dz.add(img_out)) };
-    let dys = shared::<f32>();
+    // Two buffers of `STEP` channel slots of `npix` floats each, at 32-bit
+    // shared-window addresses.
+    let slots = STEP * npix;
+    let dys = shared_addr(shared::<f32>());
     // Pipeline step c' (channels c0 − half .. c1 + half) computes scale,
     // dy·y/scale and dy·scale^(−β) of channel c' and writes dx of channel
     // c' − half; step i of the loop covers c' = cs + i·STEP ...
     let cs = c0 as i32 - half;
 
-    // This thread's pixel.
+    // This thread's pixel; its x and dx at channel 0 (the pointers walk the
+    // channels with `wrapping_*` and are dereferenced only at channels
+    // inside the tensor).
     let p = tid;
     let mine = p < npix;
+    let xp = x.wrapping_add(tile_in + p as usize);
+    let dxp = dx.wrapping_add(tile_in + p as usize);
     let load_x = |ch: i32| {
         if mine && (ch as u32) < g.c {
-            unsafe { *xb.add((ch as u32 * hw + p) as usize) }
+            unsafe { *xp.add(ch as usize * hs) }
         } else {
             0.0
         }
+    };
+    // The x that step i slides in: channels c0 + i·STEP ... (`fast`: all
+    // inside the tensor).
+    let x_load = |i: u32, fast: bool| {
+        let mut v = [0.0f32; FUSED_STEP];
+        if mine {
+            let ch = c0 + i * STEP;
+            let mut q = xp.wrapping_add(ch as usize * hs);
+            unrolled::<FUSED_STEP>(|j| {
+                if fast || ch + (j as u32) < g.c {
+                    v[j] = unsafe { *q };
+                }
+                q = q.wrapping_add(hs);
+            });
+        }
+        v
     };
 
     // This thread's gather block: 2×2 block (ba, bb) of the tile in
@@ -629,29 +700,28 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize, const RELU: bool>(
     let (a, b) = (r0 + ba, bb);
     // Window (a − 1 + u, b − 1 + v) for index 2u + v: whether it exists
     // (a − 1 wraps past `oh` when a = 0) and its offset in a pooled plane.
-    let mut wins = [(false, 0u32); 4];
+    let mut wins = [(false, 0usize); 4];
     unrolled::<4>(|i| {
         let r = (a + (i / 2) as u32).wrapping_sub(1);
         let c = (b + (i % 2) as u32).wrapping_sub(1);
         wins[i] = (
             r < g.oh && c < g.ow,
-            r.min(g.oh - 1) * g.ow + c.min(g.ow - 1),
+            (r.min(g.oh - 1) * g.ow + c.min(g.ow - 1)) as usize,
         );
     });
-    let corner = 2 * ba * g.w + 2 * bb;
-    let (down, right) = (2 * ba + 1 < rows, 2 * bb + 1 < g.w);
+    let (argp, dzp) = (arg.wrapping_add(img_out), dz.wrapping_add(img_out));
     // The windows' (arg, dz) for step i ((−1, 0) where a window does not
-    // exist or the channel is outside 0..c).
-    let gather_load = |i: u32| {
+    // exist or the channel is outside 0..c; `fast`: it is inside).
+    let gather_load = |i: u32, fast: bool| {
         let ch = cs + (i * STEP + cb) as i32;
         let mut v = [(-1.0f32, 0.0f32); 4];
-        if gathers && (ch as u32) < g.c {
-            let plane = ch as u32 * ohw;
+        if gathers && (fast || (ch as u32) < g.c) {
+            let plane = ch as usize * ohs;
+            let (argq, dzq) = (argp.wrapping_add(plane), dzp.wrapping_add(plane));
             unrolled::<4>(|w| {
                 if P == 3 || w == 3 {
                     let (ok, off) = wins[w];
-                    let o = (plane + off) as usize;
-                    let (at, d) = unsafe { (*argb.add(o), *dzb.add(o)) };
+                    let (at, d) = unsafe { (*argq.add(off), *dzq.add(off)) };
                     if ok {
                         v[w] = (at, d);
                     }
@@ -661,8 +731,11 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize, const RELU: bool>(
         v
     };
     // The block's dy in window order (a zero term leaves a sum unchanged),
-    // into `buf`'s slot `cb`.
-    let gather_store = |v: [(f32, f32); 4], buf: *mut f32| {
+    // into slot `cb` of buffer `buf`.
+    let corner = 2 * ba * g.w + 2 * bb;
+    let (down, right) = (2 * ba + 1 < rows, 2 * bb + 1 < g.w);
+    let gather_at = dys + 4 * (cb * npix + corner);
+    let gather_store = |v: [(f32, f32); 4], buf: u32| {
         if !gathers {
             return;
         }
@@ -683,16 +756,16 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize, const RELU: bool>(
             ]
         };
         unsafe {
-            let q = buf.add((cb * npix + corner) as usize);
-            *q = d[0];
+            let q = gather_at + buf * 4 * slots;
+            st_shared(q, d[0]);
             if right {
-                *q.add(1) = d[1];
+                st_shared(q + 4, d[1]);
             }
             if down {
-                let q = q.add(g.w as usize);
-                *q = d[2];
+                let q = q + 4 * g.w;
+                st_shared(q, d[2]);
                 if right {
-                    *q.add(1) = d[3];
+                    st_shared(q + 4, d[3]);
                 }
             }
         }
@@ -708,61 +781,73 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize, const RELU: bool>(
         }
     });
     let (mut qs, mut ds) = ([0.0f32; S], [0.0f32; S]);
-    // The x that step i slides in: channels c0 + i·STEP ...
-    let x_load = |i: u32| {
-        let mut v = [0.0f32; FUSED_STEP];
-        unrolled::<FUSED_STEP>(|j| v[j] = load_x((c0 + i * STEP + j as u32) as i32));
-        v
-    };
     let steps = (c1 - c0 + 2 * half as u32).div_ceil(STEP);
-    let slots = STEP * npix;
-    let mut x_next = x_load(0);
-    gather_store(gather_load(0), dys);
+    let my_dy = dys + 4 * p;
+    let mut x_next = x_load(0, false);
+    gather_store(gather_load(0, false), 0);
     sync_threads();
     for i in 0..steps {
-        let x_cur = x_next;
         let more = i + 1 < steps;
-        let mut g_next = [(-1.0f32, 0.0f32); 4];
-        if more {
-            x_next = x_load(i + 1);
-            g_next = gather_load(i + 1);
-        }
-        let buf = unsafe { dys.add(((i & 1) * slots) as usize) };
-        // (Warps wholly past the tile skip the arithmetic.)
-        unrolled::<FUSED_STEP>(|j| {
-            if !mine {
-                return;
-            }
-            let c = cs + (i * STEP + j as u32) as i32;
-            slide(&mut xs, x_cur[j]);
-            let dy = unsafe { *buf.add((j as u32 * npix + p) as usize) };
-            let (qv, dv) = if (c as u32) < g.c {
-                let (sc, r) = lrn_scale(&xs, g.alpha, g.beta, g.k);
-                let dr = dy * r;
-                (dr * xs[S / 2] * rcp(sc), dr)
-            } else {
-                (0.0, 0.0)
-            };
-            slide(&mut qs, qv);
-            slide(&mut ds, dv);
-            // Channel t = c' − half: x(t) = xs[0], its dy·scale^(−β) is
-            // ds[S/2], and qs covers the channels whose window holds t.
-            let t = c - half;
-            if ((t - c0 as i32) as u32) < c1 - c0 {
-                let xv = xs[0];
-                let mut acc = 0.0f32;
-                for v in &qs {
-                    acc += *v;
+        // Step i computes channels c' = cs + i·STEP + j, writes t = c' − half
+        // and loads x and the gather of step i + 1 (channels up to
+        // c0 + i·STEP + 2·STEP − 1): all inside the tensor and t inside the
+        // run, or the checked copy.
+        let ci = c0 + i * STEP;
+        let fast = more
+            && i * STEP >= 2 * half as u32
+            && ci + 2 * STEP - 1 < g.c
+            && ci + STEP - 1 < c1 + 2 * half as u32;
+        macro_rules! step {
+            ($fast:literal) => {{
+                let fast: bool = $fast;
+                let x_cur = x_next;
+                let mut g_next = [(-1.0f32, 0.0f32); 4];
+                if fast || more {
+                    x_next = x_load(i + 1, fast);
+                    g_next = gather_load(i + 1, fast);
                 }
-                let v = ds[S / 2] - coef * xv * acc;
-                let masked = RELU && !(xv > 0.0);
-                unsafe { *dxb.add((t as u32 * hw + p) as usize) = if masked { 0.0 } else { v } };
-            }
-        });
-        // Buffer (i + 1) % 2: its last readers (step i − 1) are past the
-        // previous barrier.
-        if more {
-            gather_store(g_next, unsafe { dys.add((((i + 1) & 1) * slots) as usize) });
+                // (Threads past the tile only gather.)
+                if mine {
+                    let dy_at = my_dy + (i & 1) * 4 * slots;
+                    let t0 = cs - half + (i * STEP) as i32;
+                    let mut dq = dxp.wrapping_offset(t0 as isize * hs as isize);
+                    unrolled::<FUSED_STEP>(|j| {
+                        let c = cs + (i * STEP + j as u32) as i32;
+                        slide(&mut xs, x_cur[j]);
+                        let dy = unsafe { ld_shared(dy_at + j as u32 * 4 * npix) };
+                        let (qv, dv) = if fast || (c as u32) < g.c {
+                            let (sc, r) = lrn_scale(&xs, g.alpha, g.beta, g.k);
+                            let dr = dy * r;
+                            (dr * xs[S / 2] * rcp(sc), dr)
+                        } else {
+                            (0.0, 0.0)
+                        };
+                        slide(&mut qs, qv);
+                        slide(&mut ds, dv);
+                        // Channel t = c' − half: x(t) = xs[0], its
+                        // dy·scale^(−β) is ds[S/2], and qs covers the
+                        // channels whose window holds t.
+                        let t = c - half;
+                        if fast || ((t - c0 as i32) as u32) < c1 - c0 {
+                            let xv = xs[0];
+                            let v = fma(ncoef * xv, window_sum(&qs), ds[S / 2]);
+                            let masked = RELU && !(xv > 0.0);
+                            unsafe { *dq = if masked { 0.0 } else { v } };
+                        }
+                        dq = dq.wrapping_add(hs);
+                    });
+                }
+                // Buffer (i + 1) % 2: its last readers (step i − 1) are
+                // past the previous barrier.
+                if fast || more {
+                    gather_store(g_next, (i + 1) & 1);
+                }
+            }};
+        }
+        if fast {
+            step!(true)
+        } else {
+            step!(false)
         }
         sync_threads();
     }
