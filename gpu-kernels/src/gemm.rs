@@ -32,6 +32,14 @@
 //!
 //! Grid: x over 64-column tiles of N, y over BM-row tiles of M, z over
 //! independent problems (conv groups × split-K slices).
+//!
+//! Two more engines share the operand and epilogue traits: the vector
+//! engine ([`gemm_tile_v`]: 128 threads, 16-byte `cp.async` copies,
+//! `ldmatrix` + `mma.sync`, tiles of 64 or 128 rows × 64 or 128 columns)
+//! and, in the Hopper (`sm_90a`) module only, the warpgroup engine
+//! ([`gemm_tile_wg`]: the same tiles on asynchronous `wgmma`; correct, but
+//! as L2-bound as the vector engine, so the host uses it only with
+//! `ALEXNET_WGMMA=1`).
 
 use crate::device::{
     bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
