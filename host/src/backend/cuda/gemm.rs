@@ -291,3 +291,38 @@ pub(super) fn fc_backward_bias(
     };
     launch!(be, "fc_backward_bias", cfg, || format!("{g:?}"); dy, db, &n, &o)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{VEC_SHARED_MAX, vec_cfg};
+    use cudarc::driver::LaunchConfig;
+
+    /// Launch shapes from kernel names: 128-column tiles halve grid x, and
+    /// shared memory matches `gpu_kernels::gemm::vshared_bytes` (80-byte
+    /// rows) or, for `_wg` kernels, `wshared_bytes` (4 stages of 64-byte
+    /// rows), never above what the backend allows the kernels.
+    #[test]
+    fn vec_cfg_sizes_each_engine() {
+        let grid = LaunchConfig {
+            grid_dim: (9, 2, 3),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        for (name, gx, bytes) in [
+            ("conv_forward_nhwc_tf32", 9, 4 * 128 * 80),
+            ("conv_forward_nhwc_tf32_wide", 9, 3 * 192 * 80),
+            ("conv_forward_nhwc_tf32_big", 5, 3 * 256 * 80),
+            ("conv_forward_nhwc16_bf16_long", 5, 3 * 192 * 80),
+            ("conv_forward_nhwc_tf32_wg", 9, 4 * 128 * 64),
+            ("conv_forward_nhwc_tf32_wg_wide", 9, 4 * 192 * 64),
+            ("conv_forward_nhwc_tf32_wg_big", 5, 4 * 256 * 64),
+            ("conv_forward_nhwc16_bf16_wg_long", 5, 4 * 192 * 64),
+        ] {
+            let cfg = vec_cfg(grid, name);
+            assert_eq!(cfg.grid_dim, (gx, 2, 3), "{name}");
+            assert_eq!(cfg.block_dim, (128, 1, 1), "{name}");
+            assert_eq!(cfg.shared_mem_bytes, bytes, "{name}");
+            assert!(cfg.shared_mem_bytes as i32 <= VEC_SHARED_MAX, "{name}");
+        }
+    }
+}

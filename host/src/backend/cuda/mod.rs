@@ -1158,7 +1158,32 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::FastDiv;
+    use super::{FastDiv, KERNELS, WG_KERNELS};
+
+    fn entries(ptx: &str) -> Vec<&str> {
+        ptx.lines()
+            .filter_map(|l| l.strip_prefix(".visible .entry "))
+            .map(|l| l.split('(').next().unwrap_or(l).trim())
+            .collect()
+    }
+
+    /// Both embedded modules hold every kernel the backend loads; the
+    /// warpgroup kernels are in the Hopper module only (the portable one
+    /// must load on any sm_70+ GPU), and only that module targets sm_90a.
+    #[test]
+    fn embedded_modules_hold_the_expected_kernels() {
+        let (base, hopper) = (entries(crate::PTX), entries(crate::PTX_SM90A));
+        for k in KERNELS {
+            assert!(base.contains(k), "{k} missing from the portable module");
+            assert!(hopper.contains(k), "{k} missing from the sm_90a module");
+        }
+        for k in WG_KERNELS {
+            assert!(hopper.contains(k), "{k} missing from the sm_90a module");
+            assert!(!base.contains(k), "{k} is in the portable module");
+        }
+        assert!(crate::PTX_SM90A.contains(".target sm_90a"));
+        assert!(!crate::PTX.contains("wgmma"));
+    }
 
     /// The kernels' division agrees with `/` for numerators below 2^31:
     /// every small divisor, powers of two and their neighbours, and the
