@@ -10,6 +10,10 @@ logs=${OUT:-$here/gpu-logs}
 mkdir -p "$logs"
 what=${1:-all}
 status=0
+# gpu-bundle.sh ships the executables gzipped.
+for f in "$here"/bin/*.gz; do
+  [ -e "$f" ] && gunzip -f "$f"
+done
 # NCCL ships only as libnccl.so.2 inside Python packages on some machines;
 # cudarc opens libnccl.so.
 if NL=$(python3 -c 'import nvidia.nccl,os;print(os.path.join(list(nvidia.nccl.__path__)[0],"lib"))' 2>/dev/null); then
