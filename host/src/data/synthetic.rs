@@ -245,7 +245,10 @@ mod tests {
     /// The default synthetic set (`configs/alexnet.json`'s: seed 2012, 100
     /// classes, 3×256×256) is a fixed dataset: runs and checkpoints made
     /// on it stay comparable across versions, so a faster generator must
-    /// produce the same bytes.
+    /// produce the same bytes. Pinned for x86-64 Linux with glibc (CI's
+    /// platform): another libm may round `sin`/`cos`/`exp` differently in
+    /// the last bit and flip a pixel.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
     #[test]
     fn default_set_bytes_are_fixed() {
         assert_eq!(fingerprint(Split::Train, 6), 4158714050515713815, "train");
