@@ -43,7 +43,7 @@
 
 use crate::device::{
     bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
-    fence_proxy_async_shared, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
+    fence_proxy_async_shared, ld_shared, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
     shared_addr, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
     wgmma_wait,
 };
@@ -1305,23 +1305,8 @@ unsafe fn rm_column(tile: u32, x0: u32, rows: u32, stride: u32) -> [u32; 4] {
     let (g, t) = (lane / 4, lane % 4);
     let x = x0 + g;
     let at = 16 * ((x / 4) ^ rm_swizzle(rows, t)) + 4 * (x % 4);
-    let ld = |kk: u32| unsafe { ld_shared_f32(tile + (t + 4 * kk) * stride + at).to_bits() };
+    let ld = |kk: u32| unsafe { ld_shared(tile + (t + 4 * kk) * stride + at).to_bits() };
     [ld(0), ld(1), ld(2), ld(3)]
-}
-
-/// One float of a shared tile at window address `addr`.
-#[inline(always)]
-unsafe fn ld_shared_f32(addr: u32) -> f32 {
-    let v: f32;
-    unsafe {
-        asm!(
-            "ld.shared.f32 {v}, [{addr}];",
-            addr = in(reg32) addr,
-            v = out(reg32) v,
-            options(readonly, nostack, preserves_flags),
-        )
-    };
-    v
 }
 
 /// The words of a row-major fp32 shared tile (`[k][x]`, 16 deep, `stride`

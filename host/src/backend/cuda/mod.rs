@@ -508,8 +508,9 @@ impl CudaBackend {
             Precision::Bf16 => "bf16",
         };
         let name = format!("{base}_{p}{}", tile.suffix());
-        let wg = format!("{base}_{p}_wg{}", tile.suffix());
-        let wg = self.wgmma.then_some(wg);
+        let wg = self
+            .wgmma
+            .then(|| format!("{base}_{p}_wg{}", tile.suffix()));
         wg.iter()
             .chain([&name])
             .find_map(|n| self.funcs.get_key_value(n.as_str()).map(|(k, _)| *k))
