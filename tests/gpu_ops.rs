@@ -38,9 +38,6 @@ struct Ctx {
     /// Whether vector products use their 128-column variants (64×128,
     /// 128×128) where they have them.
     big: bool,
-    /// Whether vector products use their 128×256 variants where they have
-    /// them (with `big` and `wide`).
-    huge: bool,
     /// Whether bf16 vector products read bf16 operand copies.
     bf16_operands: bool,
     /// Whether the vector engine is on (the product tests run with it on and
@@ -218,7 +215,6 @@ fn main() {
         failures: vec![],
         wide: false,
         big: false,
-        huge: false,
         bf16_operands: true,
         vec: true,
         wg: false,
@@ -348,22 +344,19 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
 /// fp32 with the automatic tile choice.
 fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
     let result = (|| {
-        for (wide, tiles, big, huge) in [
-            (false, GemmTiles::Narrow, false, false),
-            (false, GemmTiles::Narrow, true, false),
-            (true, GemmTiles::Wide, true, false),
-            (true, GemmTiles::Wide, true, true),
-            (true, GemmTiles::Wide, false, false),
+        for (wide, tiles, big) in [
+            (false, GemmTiles::Narrow, false),
+            (false, GemmTiles::Narrow, true),
+            (true, GemmTiles::Wide, true),
+            (true, GemmTiles::Wide, false),
         ] {
-            if (big && !c.vec) || (huge && c.wg) {
+            if big && !c.vec {
                 continue;
             }
             c.wide = wide;
             c.big = big;
-            c.huge = huge;
             c.gpu.set_gemm_tiles(tiles);
             c.gpu.set_big_tiles(Some(big));
-            c.gpu.set_huge_tiles(Some(huge));
             // bf16 twice on the vector engine: with bf16 operand copies and
             // on fp32 ones (converted as fragments are read).
             for (p, ops16) in [
@@ -387,10 +380,8 @@ fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> R
     })();
     c.wide = false;
     c.big = false;
-    c.huge = false;
     c.gpu.set_gemm_tiles(GemmTiles::Auto);
     c.gpu.set_big_tiles(None);
-    c.gpu.set_huge_tiles(None);
     c.gpu.set_precision(Precision::Fp32)?;
     result
 }
@@ -446,7 +437,6 @@ fn label_tol(c: &Ctx, p: Precision) -> (String, f64) {
                 (false, false) => "",
                 (false, true) => " 128-col",
                 (true, false) if c.vec => " wide 64-col",
-                (true, true) if c.huge => " wide 256-col",
                 (true, _) => " wide",
             }
         ),

@@ -817,12 +817,12 @@ unsafe fn conv_forward_nhwc16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(conv_forward_nhwc_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
-    conv_forward_nhwc_tf32: TF32_ROUNDED, 0; conv_forward_nhwc_bf16: BF16, 0; conv_forward_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_forward_nhwc_tf32_big: TF32_ROUNDED, 2; conv_forward_nhwc_tf32_huge: TF32_ROUNDED, 4; conv_forward_nhwc_bf16_wide: BF16, 1);
+    conv_forward_nhwc_tf32: TF32_ROUNDED, 0; conv_forward_nhwc_bf16: BF16, 0; conv_forward_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_forward_nhwc_tf32_big: TF32_ROUNDED, 2; conv_forward_nhwc_bf16_wide: BF16, 1);
 #[cfg(feature = "wgmma")]
 gemm_kernels!(conv_forward_nhwc_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_nhwc_tf32_wg: WGMMA, 0; conv_forward_nhwc_tf32_wg_wide: WGMMA, 1; conv_forward_nhwc_tf32_wg_big: WGMMA, 2; conv_forward_nhwc_tf32_wg_long: WGMMA, 3);
 gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
-    conv_forward_nhwc16_bf16: BF16, 0; conv_forward_nhwc16_bf16_big: BF16, 2; conv_forward_nhwc16_bf16_huge: BF16, 4; conv_forward_nhwc16_bf16_long: BF16, 3);
+    conv_forward_nhwc16_bf16: BF16, 0; conv_forward_nhwc16_bf16_big: BF16, 2; conv_forward_nhwc16_bf16_long: BF16, 3);
 #[cfg(feature = "wgmma")]
 gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_nhwc16_bf16_wg: WGMMA, 0; conv_forward_nhwc16_bf16_wg_wide: WGMMA, 1; conv_forward_nhwc16_bf16_wg_big: WGMMA, 2; conv_forward_nhwc16_bf16_wg_long: WGMMA, 3);
@@ -939,12 +939,12 @@ unsafe fn conv_backward_data_nhwc16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(conv_backward_data_nhwc_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
-    conv_backward_data_nhwc_tf32: TF32_ROUNDED, 0; conv_backward_data_nhwc_bf16: BF16, 0; conv_backward_data_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_backward_data_nhwc_tf32_big: TF32_ROUNDED, 2; conv_backward_data_nhwc_tf32_huge: TF32_ROUNDED, 4; conv_backward_data_nhwc_bf16_wide: BF16, 1);
+    conv_backward_data_nhwc_tf32: TF32_ROUNDED, 0; conv_backward_data_nhwc_bf16: BF16, 0; conv_backward_data_nhwc_tf32_wide: TF32_ROUNDED, 1; conv_backward_data_nhwc_tf32_big: TF32_ROUNDED, 2; conv_backward_data_nhwc_bf16_wide: BF16, 1);
 #[cfg(feature = "wgmma")]
 gemm_kernels!(conv_backward_data_nhwc_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
     conv_backward_data_nhwc_tf32_wg: WGMMA, 0; conv_backward_data_nhwc_tf32_wg_wide: WGMMA, 1; conv_backward_data_nhwc_tf32_wg_big: WGMMA, 2; conv_backward_data_nhwc_tf32_wg_long: WGMMA, 3);
 gemm_kernels!(conv_backward_data_nhwc16_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
-    conv_backward_data_nhwc16_bf16: BF16, 0; conv_backward_data_nhwc16_bf16_big: BF16, 2; conv_backward_data_nhwc16_bf16_huge: BF16, 4; conv_backward_data_nhwc16_bf16_long: BF16, 3);
+    conv_backward_data_nhwc16_bf16: BF16, 0; conv_backward_data_nhwc16_bf16_big: BF16, 2; conv_backward_data_nhwc16_bf16_long: BF16, 3);
 #[cfg(feature = "wgmma")]
 gemm_kernels!(conv_backward_data_nhwc16_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
     conv_backward_data_nhwc16_bf16_wg: WGMMA, 0; conv_backward_data_nhwc16_bf16_wg_wide: WGMMA, 1; conv_backward_data_nhwc16_bf16_wg_big: WGMMA, 2; conv_backward_data_nhwc16_bf16_wg_long: WGMMA, 3);
@@ -1231,12 +1231,12 @@ unsafe fn conv_forward_rows16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(conv_forward_rows_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
-    conv_forward_rows_tf32: TF32_ROUNDED, 0; conv_forward_rows_tf32_wide: TF32_ROUNDED, 1; conv_forward_rows_tf32_big: TF32_ROUNDED, 2; conv_forward_rows_tf32_huge: TF32_ROUNDED, 4);
+    conv_forward_rows_tf32: TF32_ROUNDED, 0; conv_forward_rows_tf32_wide: TF32_ROUNDED, 1; conv_forward_rows_tf32_big: TF32_ROUNDED, 2);
 #[cfg(feature = "wgmma")]
 gemm_kernels!(conv_forward_rows_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_rows_tf32_wg: WGMMA, 0; conv_forward_rows_tf32_wg_wide: WGMMA, 1; conv_forward_rows_tf32_wg_big: WGMMA, 2; conv_forward_rows_tf32_wg_long: WGMMA, 3);
 gemm_kernels!(conv_forward_rows16_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
-    conv_forward_rows16_bf16: BF16, 0; conv_forward_rows16_bf16_big: BF16, 2; conv_forward_rows16_bf16_huge: BF16, 4);
+    conv_forward_rows16_bf16: BF16, 0; conv_forward_rows16_bf16_big: BF16, 2);
 #[cfg(feature = "wgmma")]
 gemm_kernels!(conv_forward_rows16_impl (s: ConvShape, p: *const f32, wr: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_rows16_bf16_wg: WGMMA, 0; conv_forward_rows16_bf16_wg_wide: WGMMA, 1; conv_forward_rows16_bf16_wg_big: WGMMA, 2; conv_forward_rows16_bf16_wg_long: WGMMA, 3);

@@ -807,8 +807,8 @@ pub unsafe extern "ptx-kernel" fn splitk_reduce(
 /// of k (16 fp32 or 32 bf16) and 16 of padding, so the eight 16-byte rows
 /// of an `ldmatrix` phase hit 32 distinct banks.
 const VROW_BYTES: u32 = 80;
-/// Threads of a vector-engine block of every tile shape but [`VHUGE`]: four
-/// warps in a 2×2 grid, each owning a (BM/2)×(BN/2) slice of the tile.
+/// Threads of a vector-engine block: four warps in a 2×2 grid, each owning
+/// a (BM/2)×(BN/2) slice of the tile.
 pub const VTHREADS: u32 = 128;
 /// Tile shape `T` of the vector engine: 64×64.
 pub const VNARROW: u8 = 0;
@@ -818,31 +818,13 @@ pub const VWIDE: u8 = 1;
 pub const VBIG: u8 = 2;
 /// Tile shape `T` of the vector engine: 64×128.
 pub const VLONG: u8 = 3;
-/// Tile shape `T` of the vector engine: 128×256, eight warps (2×4) of 64×64
-/// each; both operands K-major. A 128×128 tile moves 32 flop per byte of
-/// TF32 operands from L2, this one 43.
-pub const VHUGE: u8 = 4;
 /// Rows of the vector engine's C tile of shape `t`.
 pub const fn vbm(t: u8) -> u32 {
     if t == VNARROW || t == VLONG { 64 } else { 128 }
 }
 /// Columns of the vector engine's C tile of shape `t`.
 pub const fn vbn(t: u8) -> u32 {
-    if t == VHUGE {
-        256
-    } else if t == VBIG || t == VLONG {
-        128
-    } else {
-        64
-    }
-}
-/// Threads of a vector-engine block of shape `t`.
-pub const fn vthreads(t: u8) -> u32 {
-    if t == VHUGE { 256 } else { VTHREADS }
-}
-/// Warps along the columns of the tile (two along its rows).
-const fn vwarps_n(t: u8) -> u32 {
-    vthreads(t) / 64
+    if t == VBIG || t == VLONG { 128 } else { 64 }
 }
 /// 16-row blocks of a warp's slice: 2 or 4.
 const fn vmi(t: u8) -> u32 {
@@ -850,18 +832,10 @@ const fn vmi(t: u8) -> u32 {
 }
 /// 8-column blocks of a warp's slice: 4 or 8.
 const fn vnj(t: u8) -> usize {
-    (vbn(t) / vwarps_n(t) / 8) as usize
-}
-/// The first row and column of warp `warp`'s slice of the tile.
-#[inline(always)]
-fn vwarp_origin<const T: u8>(warp: u32) -> (u32, u32) {
-    let wn = vwarps_n(T);
-    ((vbm(T) / 2) * (warp / wn), (vbn(T) / wn) * (warp % wn))
+    (vbn(t) / 16) as usize
 }
 /// Rows of a K-major tile between a thread's copy slots.
-const fn vslot_rows(t: u8) -> u32 {
-    vthreads(t) / 4
-}
+const VSLOT_ROWS: u32 = VTHREADS / 4;
 /// k per shared tile of the vector engine: 16 fp32 or 32 bf16 (64 bytes).
 pub const fn vbk(half: bool) -> u32 {
     if half { 32 } else { 16 }
@@ -895,14 +869,13 @@ fn rm_swizzle(rows: u32, k: u32) -> u32 {
 const fn vstage_bytes(t: u8) -> u32 {
     (vbm(t) + vbn(t)) * VROW_BYTES
 }
-/// Shared-memory K tiles in the vector engine's pipeline (`HUGE` runs one
-/// block per SM, so it takes four).
+/// Shared-memory K tiles in the vector engine's pipeline.
 pub const fn vstages(t: u8) -> u32 {
-    if t == VNARROW || t == VHUGE { 4 } else { 3 }
+    if t == VNARROW { 4 } else { 3 }
 }
 /// Dynamic shared memory of the vector engine, in bytes: 40, 45 (128×64
-/// and 64×128), 60 (`BIG`) or 120 KiB (`HUGE`; over the default 48 KiB:
-/// the host raises the kernels' limit at load time).
+/// and 64×128) or 60 KiB (over the default 48 KiB for `BIG`: the host
+/// raises the kernels' limit at load time).
 pub const fn vshared_bytes(t: u8) -> u32 {
     vstages(t) * vstage_bytes(t)
 }
@@ -947,9 +920,7 @@ pub trait VecOperand {
 /// The vector engine: a `vbm(T)`×`vbn(T)` tile of C (64×64, 128×64,
 /// 64×128 or 128×128) per block of [`VTHREADS`] (TF32 or BF16 only), warp w owning
 /// rows `BM/2·(w / 2)..` and columns `BN/2·(w % 2)..` as (BM/32)×(BN/16)
-/// 16×8 accumulators (see [`vtc_coord`]); or 128×256 (`VHUGE`, K-major
-/// operands only) per block of 256 threads, warps in a 2×4 grid of 64×64
-/// slices ([`vwarp_origin`]). The same epilogue as
+/// 16×8 accumulators (see [`vtc_coord`]), the same epilogue as
 /// [`gemm_tile`]. Operands are copied in 16-byte `cp.async`
 /// vectors, R/32 per thread per tile of R rows. The launcher guarantees
 /// whole vectors: `k_end − k_begin` a multiple of the vector length for a
@@ -991,13 +962,11 @@ pub unsafe fn gemm_tile_v<
     k_begin: u32,
     k_end: u32,
 ) {
-    const { assert!(T != VHUGE || (A::K_MAJOR && B::K_MAJOR)) };
     if MODE == WGMMA {
         unsafe { gemm_tile_wg::<A, B, E, T, HALF>(a, b, e, m_total, n_total, k_begin, k_end) };
         return;
     }
     let tid = tid_x();
-    let slot_rows = vslot_rows(T);
     let m0 = bid_y() * vbm(T);
     let n0 = bid_x() * vbn(T);
     let smem_addr = shared_addr(shared::<f32>());
@@ -1010,14 +979,14 @@ pub unsafe fn gemm_tile_v<
     let place = |k_major: bool, rows: u32| -> (u32, u32, u32, u32, u32, u32) {
         if k_major {
             let (k, r) = (vlen(HALF) * (tid % 4), tid / 4);
-            let slot = slot_rows * VROW_BYTES;
-            (k, r, r * VROW_BYTES + 16 * (tid % 4), 0, slot_rows, slot)
+            let slot = VSLOT_ROWS * VROW_BYTES;
+            (k, r, r * VROW_BYTES + 16 * (tid % 4), 0, VSLOT_ROWS, slot)
         } else {
             let st = rm_stride(HALF, rows);
             let per_k = rows / vlen(HALF);
             let (k, r) = (tid / per_k, vlen(HALF) * (tid % per_k));
             // Slots lie dk = 4 or 8 k rows apart: the same swizzle.
-            let dk = vthreads(T) / per_k;
+            let dk = VTHREADS / per_k;
             let chunk = if HALF { tid % per_k } else { (tid % per_k) ^ rm_swizzle(rows, k) };
             (k, r, k * st + 16 * chunk, dk, 0, dk * st)
         }
@@ -1027,8 +996,8 @@ pub unsafe fn gemm_tile_v<
     let mut ca = a.open(k_begin + a_k, m0 + a_i, a_dk, a_di);
     let mut cb = b.open(k_begin + b_k, n0 + b_i, b_dk, b_di);
     let (a_dummy, b_dummy) = (a.base(), b.base());
-    let a_slots = vbm(T) / slot_rows;
-    let b_slots = vbn(T) / slot_rows;
+    let a_slots = vbm(T) / VSLOT_ROWS;
+    let b_slots = vbn(T) / VSLOT_ROWS;
 
     let mut issue = |stage: u32, k0: u32| {
         let base = smem_addr + stage * stage_bytes;
@@ -1070,7 +1039,7 @@ pub unsafe fn gemm_tile_v<
     let mut read = 0u32;
     for t in 0..tiles {
         // All but the newest `n_stages − 2` groups done: tile t is in.
-        if vstages(T) == 4 {
+        if T == VNARROW {
             cp_async_wait::<2>();
         } else {
             cp_async_wait::<1>();
@@ -1095,7 +1064,7 @@ pub unsafe fn gemm_tile_v<
     cp_async_wait::<0>();
 
     let store = |p: u32, v: u32| {
-        if p >= vmi(T) * vnj(T) as u32 {
+        if p >= (vbm(T) / 32) * vnj(T) as u32 {
             return;
         }
         let b_rm = !HALF && !B::K_MAJOR && !E::DENSE_N;
@@ -1157,10 +1126,9 @@ pub unsafe fn gemm_tile_wg<A: VecOperand, B: VecOperand, E: Epilogue, const T: u
     k_begin: u32,
     k_end: u32,
 ) {
-    if !A::K_MAJOR || !B::K_MAJOR || T == VHUGE {
+    if !A::K_MAJOR || !B::K_MAJOR {
         unsafe { core::arch::nvptx::trap() };
     }
-    const VSLOT_ROWS: u32 = VTHREADS / 4;
     let tid = tid_x();
     let m0 = bid_y() * vbm(T);
     let n0 = bid_x() * vbn(T);
@@ -1304,8 +1272,7 @@ fn vtc_coord<const T: u8>(tid: u32, p: u32, v: u32, a_rm: bool, b_rm: bool) -> (
         16 * mi + g + 8 * h
     };
     let col = if b_rm { nj_count * n + nj } else { 8 * nj + n };
-    let (row0, col0) = vwarp_origin::<T>(warp);
-    (row0 + row, col0 + col)
+    ((vbm(T) / 2) * (warp / 2) + row, (vbn(T) / 2) * (warp % 2) + col)
 }
 
 /// `[f(0), …, f(7)]` with the blocks past a warp's `vnj(T)` left zero,
@@ -1372,7 +1339,9 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, E: Epilogue, const MODE: u8, c
     b_s: u32,
     acc: &mut [[f32; 4]; 32],
 ) {
-    let (row0, col0) = vwarp_origin::<T>(tid_x() / 32);
+    let warp = tid_x() / 32;
+    let row0 = (vbm(T) / 2) * (warp / 2);
+    let col0 = (vbn(T) / 2) * (warp % 2);
     let a_stride = rm_stride(false, vbm(T));
     let b_stride = rm_stride(false, vbn(T));
     let nj_count = vnj(T);
@@ -1469,7 +1438,9 @@ unsafe fn vmma_tile_half<A: VecOperand, B: VecOperand, const T: u8>(
     acc: &mut [[f32; 4]; 32],
 ) {
     let lane = tid_x() % 32;
-    let (row0, col0) = vwarp_origin::<T>(tid_x() / 32);
+    let warp = tid_x() / 32;
+    let row0 = (vbm(T) / 2) * (warp / 2);
+    let col0 = (vbn(T) / 2) * (warp % 2);
     let (l8, q) = (lane % 8, lane / 8);
     let a_stride = rm_stride(true, vbm(T));
     let b_stride = rm_stride(true, vbn(T));

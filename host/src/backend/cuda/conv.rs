@@ -256,9 +256,6 @@ fn channels_last(
 ///   conv5's forward makes 338 blocks of 128×128 at two per SM, 1.3 waves,
 ///   against 676 of 128×64 at three per SM, 1.7. Of the weight gradients
 ///   only conv1's bf16 one has it: the others measured slower.
-/// - 128×256 (`_huge`, one block per SM) in place of 128×128 where `base`
-///   has it and it fills the waves as well (or as `ALEXNET_HUGE_TILES`
-///   says): 25% fewer operand bytes per flop.
 fn vec_tiled(
     be: &CudaBackend,
     base: &str,
@@ -271,10 +268,11 @@ fn vec_tiled(
     let broad = (be.big_tiles != Some(false))
         .then(|| be.vec_kernel(base, true, broad_tile))
         .flatten();
-    let blocks = |cols: u32| grid.map(|(gx, gy, gz)| (gx.div_ceil(cols / 64) * gy * gz) as usize);
-    let chosen = match (broad, plain, blocks(64)) {
-        (Some(b), Some(p), Some(n_plain)) if wide && be.big_tiles.is_none() => {
-            if broad_fills_as_well(blocks(128)?, be.wave(b), n_plain, be.wave(p)) {
+    match (broad, plain, grid) {
+        (Some(b), Some(p), Some((gx, gy, gz))) if wide && be.big_tiles.is_none() => {
+            let blocks = gy as usize * gz as usize;
+            let (n_plain, n_broad) = (gx as usize * blocks, gx.div_ceil(2) as usize * blocks);
+            if broad_fills_as_well(n_broad, be.wave(b), n_plain, be.wave(p)) {
                 Some(b)
             } else {
                 Some(p)
@@ -282,21 +280,7 @@ fn vec_tiled(
         }
         (Some(b), _, _) => Some(b),
         (None, p, _) => p,
-    }?;
-    let big = VecTile::of_name(chosen) == VecTile::Big && !super::gemm::is_wg_kernel(chosen);
-    if !big || be.huge_tiles == Some(false) {
-        return Some(chosen);
     }
-    let Some(huge) = be.vec_kernel(base, true, VecTile::Huge) else {
-        return Some(chosen);
-    };
-    let take = match (be.huge_tiles, blocks(256), blocks(128)) {
-        (None, Some(n_huge), Some(n_big)) => {
-            broad_fills_as_well(n_huge, be.wave(huge), n_big, be.wave(chosen))
-        }
-        _ => true,
-    };
-    Some(if take { huge } else { chosen })
 }
 
 /// Whether `broad` blocks of a 128-column kernel, `broad_wave` of them

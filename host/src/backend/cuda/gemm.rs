@@ -54,8 +54,6 @@ pub(super) enum VecTile {
     Big,
     /// 64×128 (`gemm::VLONG`).
     Long,
-    /// 128×256 (`gemm::VHUGE`: 256 threads, one block per SM).
-    Huge,
 }
 
 impl VecTile {
@@ -65,9 +63,7 @@ impl VecTile {
     }
     /// The shape of vector kernel `name`, from its suffix.
     pub(super) fn of_name(name: &str) -> Self {
-        if name.ends_with("_huge") {
-            VecTile::Huge
-        } else if name.ends_with("_big") {
+        if name.ends_with("_big") {
             VecTile::Big
         } else if name.ends_with("_long") {
             VecTile::Long
@@ -84,26 +80,24 @@ impl VecTile {
             VecTile::Wide => "_wide",
             VecTile::Big => "_big",
             VecTile::Long => "_long",
-            VecTile::Huge => "_huge",
         }
     }
 }
 
 /// `cfg` (a grid of 64-column tiles of 64 or 128 rows) for vector-engine
 /// kernel `name`, its tile shape from the name's suffix: 128-column tiles
-/// halve grid x, 256-column ones quarter it; blocks of `gemm::vthreads`
-/// (128, or 256 for `_huge`) threads with `gemm::vshared_bytes` of shared
-/// memory (4 stages of 64 + 64 rows, 3 of 128 + 64, 64 + 128 or 128 + 128,
-/// or 4 of 128 + 256, × 80 bytes), or for the warpgroup engine (`_wg`
-/// kernels) `gemm::wshared_bytes` (4 stages of the rows × 64 bytes).
+/// halve grid x; blocks of `gemm::VTHREADS` (128) threads with
+/// `gemm::vshared_bytes` of shared memory (4 stages of 64 + 64 rows, or 3
+/// of 128 + 64, 64 + 128 or 128 + 128, × 80 bytes), or for the warpgroup
+/// engine (`_wg` kernels) `gemm::wshared_bytes` (4 stages of the rows × 64
+/// bytes).
 pub(super) fn vec_cfg(cfg: LaunchConfig, name: &str) -> LaunchConfig {
     let (gx, gy, gz) = cfg.grid_dim;
-    let (stages, rows, gx, threads) = match VecTile::of_name(name) {
-        VecTile::Narrow => (4, 128, gx, 128),
-        VecTile::Wide => (3, 192, gx, 128),
-        VecTile::Big => (3, 256, gx.div_ceil(2), 128),
-        VecTile::Long => (3, 192, gx.div_ceil(2), 128),
-        VecTile::Huge => (4, 384, gx.div_ceil(4), 256),
+    let (stages, rows, gx) = match VecTile::of_name(name) {
+        VecTile::Narrow => (4, 128, gx),
+        VecTile::Wide => (3, 192, gx),
+        VecTile::Big => (3, 256, gx.div_ceil(2)),
+        VecTile::Long => (3, 192, gx.div_ceil(2)),
     };
     let shared_mem_bytes = if is_wg_kernel(name) {
         4 * rows * 64
@@ -112,7 +106,7 @@ pub(super) fn vec_cfg(cfg: LaunchConfig, name: &str) -> LaunchConfig {
     };
     LaunchConfig {
         grid_dim: (gx, gy, gz),
-        block_dim: (threads, 1, 1),
+        block_dim: (128, 1, 1),
         shared_mem_bytes,
     }
 }
@@ -123,10 +117,10 @@ pub(super) fn is_wg_kernel(name: &str) -> bool {
     name.contains("_wg")
 }
 
-/// The vector engines' largest dynamic shared memory (4 stages of 384 rows
-/// of 80 bytes for the 128×256 tiles), over the 48 KiB a kernel gets
-/// without opting in.
-pub(super) const VEC_SHARED_MAX: i32 = 4 * 384 * 80;
+/// The vector engines' largest dynamic shared memory (4 stages of 256 rows
+/// of 64 bytes for the warpgroup engine's 128×128 tiles), over the 48 KiB a
+/// kernel gets without opting in.
+pub(super) const VEC_SHARED_MAX: i32 = 4 * 256 * 64;
 
 /// Whether kernel `name` runs on the vector engine (and so needs
 /// [`VEC_SHARED_MAX`] bytes of dynamic shared memory allowed).
@@ -314,20 +308,19 @@ mod tests {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        for (name, gx, bytes, threads) in [
-            ("conv_forward_nhwc_tf32", 9, 4 * 128 * 80, 128),
-            ("conv_forward_nhwc_tf32_wide", 9, 3 * 192 * 80, 128),
-            ("conv_forward_nhwc_tf32_big", 5, 3 * 256 * 80, 128),
-            ("conv_forward_nhwc16_bf16_long", 5, 3 * 192 * 80, 128),
-            ("conv_forward_nhwc_tf32_huge", 3, 4 * 384 * 80, 256),
-            ("conv_forward_nhwc_tf32_wg", 9, 4 * 128 * 64, 128),
-            ("conv_forward_nhwc_tf32_wg_wide", 9, 4 * 192 * 64, 128),
-            ("conv_forward_nhwc_tf32_wg_big", 5, 4 * 256 * 64, 128),
-            ("conv_forward_nhwc16_bf16_wg_long", 5, 4 * 192 * 64, 128),
+        for (name, gx, bytes) in [
+            ("conv_forward_nhwc_tf32", 9, 4 * 128 * 80),
+            ("conv_forward_nhwc_tf32_wide", 9, 3 * 192 * 80),
+            ("conv_forward_nhwc_tf32_big", 5, 3 * 256 * 80),
+            ("conv_forward_nhwc16_bf16_long", 5, 3 * 192 * 80),
+            ("conv_forward_nhwc_tf32_wg", 9, 4 * 128 * 64),
+            ("conv_forward_nhwc_tf32_wg_wide", 9, 4 * 192 * 64),
+            ("conv_forward_nhwc_tf32_wg_big", 5, 4 * 256 * 64),
+            ("conv_forward_nhwc16_bf16_wg_long", 5, 4 * 192 * 64),
         ] {
             let cfg = vec_cfg(grid, name);
             assert_eq!(cfg.grid_dim, (gx, 2, 3), "{name}");
-            assert_eq!(cfg.block_dim, (threads, 1, 1), "{name}");
+            assert_eq!(cfg.block_dim, (128, 1, 1), "{name}");
             assert_eq!(cfg.shared_mem_bytes, bytes, "{name}");
             assert!(cfg.shared_mem_bytes as i32 <= VEC_SHARED_MAX, "{name}");
         }

@@ -92,12 +92,6 @@ const KERNELS: &[&str] = &[
     "conv_backward_data_nhwc_tf32_big",
     "conv_forward_rows_tf32_big",
     "conv_forward_nhwc16_bf16_long",
-    "conv_forward_nhwc_tf32_huge",
-    "conv_backward_data_nhwc_tf32_huge",
-    "conv_forward_rows_tf32_huge",
-    "conv_forward_nhwc16_bf16_huge",
-    "conv_backward_data_nhwc16_bf16_huge",
-    "conv_forward_rows16_bf16_huge",
     "conv_backward_data_nhwc16_bf16_long",
     "conv_backward_filter_rows16_bf16_big",
     "conv_backward_filter_rows_tf32",
@@ -296,11 +290,6 @@ pub struct CudaBackend {
     /// fills the GPU's waves about as well (see `conv.rs`), `Some(on)`
     /// always or never (`ALEXNET_BIG_TILES=1|0`; benchmarks and tests).
     big_tiles: Option<bool>,
-    /// Whether vector-engine products that have a 128×256 variant (`_huge`)
-    /// use it where 128×128 tiles are chosen: `None` where it fills the
-    /// GPU's waves about as well, `Some(on)` always or never
-    /// (`ALEXNET_HUGE_TILES=1|0`; benchmarks and tests).
-    huge_tiles: Option<bool>,
     /// Whether the loaded module is the Hopper one, with the warpgroup
     /// engine's kernels (see `crate::PTX_SM90A`).
     has_wgmma: bool,
@@ -446,11 +435,6 @@ impl CudaBackend {
                 Ok("1") => Some(true),
                 _ => None,
             },
-            huge_tiles: match std::env::var("ALEXNET_HUGE_TILES").as_deref() {
-                Ok("0") => Some(false),
-                Ok("1") => Some(true),
-                _ => None,
-            },
             has_wgmma: hopper,
             wgmma: hopper && std::env::var("ALEXNET_WGMMA").is_ok_and(|v| v == "1"),
             scratch: Default::default(),
@@ -505,14 +489,6 @@ impl CudaBackend {
     /// always or never.
     pub fn set_big_tiles(&mut self, on: Option<bool>) {
         self.big_tiles = on;
-        self.settings_changed();
-    }
-
-    /// Chooses whether products take their 128×256 tiles where they have
-    /// them and 128×128 would be used (`None`: where they fill the waves
-    /// as well).
-    pub fn set_huge_tiles(&mut self, on: Option<bool>) {
-        self.huge_tiles = on;
         self.settings_changed();
     }
 
