@@ -308,6 +308,10 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
             g(2, 80, 7, 9, 80, 3, 1, 1, 2),
         ),
         (
+            "nhwc transposed 192 ch 3x192x7x6 -> 192 k3 s1 p1",
+            g(3, 192, 7, 6, 192, 3, 1, 1, 1),
+        ),
+        (
             "nhwc batch1 1x16x5x5 -> 16 k3 s1 p0",
             g(1, 16, 5, 5, 16, 3, 1, 0, 1),
         ),
@@ -340,8 +344,11 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
 
 /// Runs a product test in every precision and both GEMM tile heights (64 and
 /// 128 rows; on the vector engine each with 64 and with 128 columns where a
-/// product has both: 64×64, 64×128, 128×128, 128×64), leaving the GPU in
-/// fp32 with the automatic tile choice.
+/// product has both: 64×64, 64×128, 128×128, 128×64; with 128 columns on,
+/// so do the transposed channels-last products, pixels × channels, where
+/// the channel count takes them: ≤ 48 channels per group in 128×48 tiles
+/// (data gradient), 192 in 128×64), leaving the GPU in fp32 with the
+/// automatic tile choice.
 fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
     let result = (|| {
         for (wide, tiles, big) in [
@@ -357,6 +364,7 @@ fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> R
             c.big = big;
             c.gpu.set_gemm_tiles(tiles);
             c.gpu.set_big_tiles(Some(big));
+            c.gpu.set_transposed(big);
             // bf16 twice on the vector engine: with bf16 operand copies and
             // on fp32 ones (converted as fragments are read).
             for (p, ops16) in [
@@ -382,6 +390,7 @@ fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> R
     c.big = false;
     c.gpu.set_gemm_tiles(GemmTiles::Auto);
     c.gpu.set_big_tiles(None);
+    c.gpu.set_transposed(true);
     c.gpu.set_precision(Precision::Fp32)?;
     result
 }

@@ -123,6 +123,17 @@ pub trait Operand {
     fn base(&self) -> *const f32;
 }
 
+/// An epilogue for the transposed product: `C[m, n]` goes where `E` puts
+/// `C[n, m]`.
+pub struct Transposed<E>(pub E);
+
+impl<E: Epilogue> Epilogue for Transposed<E> {
+    #[inline(always)]
+    unsafe fn store(&self, m: u32, n: u32, acc: f32) {
+        unsafe { self.0.store(n, m, acc) }
+    }
+}
+
 /// Rows/columns of a thread's elements are `i0 + SLOT_STRIDE·j`.
 pub const SLOT_STRIDE: u32 = 16;
 
@@ -818,13 +829,28 @@ pub const VWIDE: u8 = 1;
 pub const VBIG: u8 = 2;
 /// Tile shape `T` of the vector engine: 64×128.
 pub const VLONG: u8 = 3;
+/// Tile shape `T` of the vector engine: 128×48, both operands K-major (the
+/// data gradient of a 48-channel group, transposed: pixels × channels;
+/// copied as 128×64, the last 16 columns zero-filled and never read).
+pub const VSLIM: u8 = 4;
 /// Rows of the vector engine's C tile of shape `t`.
 pub const fn vbm(t: u8) -> u32 {
     if t == VNARROW || t == VLONG { 64 } else { 128 }
 }
 /// Columns of the vector engine's C tile of shape `t`.
 pub const fn vbn(t: u8) -> u32 {
-    if t == VBIG || t == VLONG { 128 } else { 64 }
+    if t == VSLIM {
+        48
+    } else if t == VBIG || t == VLONG {
+        128
+    } else {
+        64
+    }
+}
+/// Columns of the shared B tile of shape `t`: `vbn(t)` rounded up to whole
+/// copy slots.
+const fn vbn_copy(t: u8) -> u32 {
+    vbn(t).next_multiple_of(VSLOT_ROWS)
 }
 /// 16-row blocks of a warp's slice: 2 or 4.
 const fn vmi(t: u8) -> u32 {
@@ -867,7 +893,7 @@ fn rm_swizzle(rows: u32, k: u32) -> u32 {
 /// a B tile of `vbn(t)`, each sized for the K-major layout (the larger
 /// one).
 const fn vstage_bytes(t: u8) -> u32 {
-    (vbm(t) + vbn(t)) * VROW_BYTES
+    (vbm(t) + vbn_copy(t)) * VROW_BYTES
 }
 /// Shared-memory K tiles in the vector engine's pipeline.
 pub const fn vstages(t: u8) -> u32 {
@@ -918,7 +944,7 @@ pub trait VecOperand {
 }
 
 /// The vector engine: a `vbm(T)`×`vbn(T)` tile of C (64×64, 128×64,
-/// 64×128 or 128×128) per block of [`VTHREADS`] (TF32 or BF16 only), warp w owning
+/// 64×128, 128×128 or 128×48) per block of [`VTHREADS`] (TF32 or BF16 only), warp w owning
 /// rows `BM/2·(w / 2)..` and columns `BN/2·(w % 2)..` as (BM/32)×(BN/16)
 /// 16×8 accumulators (see [`vtc_coord`]), the same epilogue as
 /// [`gemm_tile`]. Operands are copied in 16-byte `cp.async`
@@ -962,6 +988,7 @@ pub unsafe fn gemm_tile_v<
     k_begin: u32,
     k_end: u32,
 ) {
+    const { assert!(T != VSLIM || (A::K_MAJOR && B::K_MAJOR)) };
     if MODE == WGMMA {
         unsafe { gemm_tile_wg::<A, B, E, T, HALF>(a, b, e, m_total, n_total, k_begin, k_end) };
         return;
@@ -997,7 +1024,7 @@ pub unsafe fn gemm_tile_v<
     let mut cb = b.open(k_begin + b_k, n0 + b_i, b_dk, b_di);
     let (a_dummy, b_dummy) = (a.base(), b.base());
     let a_slots = vbm(T) / VSLOT_ROWS;
-    let b_slots = vbn(T) / VSLOT_ROWS;
+    let b_slots = vbn_copy(T) / VSLOT_ROWS;
 
     let mut issue = |stage: u32, k0: u32| {
         let base = smem_addr + stage * stage_bytes;
@@ -1126,7 +1153,7 @@ pub unsafe fn gemm_tile_wg<A: VecOperand, B: VecOperand, E: Epilogue, const T: u
     k_begin: u32,
     k_end: u32,
 ) {
-    if !A::K_MAJOR || !B::K_MAJOR {
+    if !A::K_MAJOR || !B::K_MAJOR || T == VSLIM {
         unsafe { core::arch::nvptx::trap() };
     }
     let tid = tid_x();
@@ -1478,9 +1505,10 @@ unsafe fn vmma_tile_half<A: VecOperand, B: VecOperand, const T: u8>(
 
 /// A dense matrix for the vector engine: element `(k, i)` at
 /// `p[k·ks + i·is]` (fp32, or bf16 when `H`), with `ks = 1` (`K_MAJOR`) or
-/// `is = 1`; vectors start 16-byte aligned.
+/// `is = 1`; vectors start 16-byte aligned. `CA`: copies go through L1
+/// (the conv forwards' filter banks, which neighbouring blocks re-read).
 #[derive(Clone, Copy)]
-pub struct VStrided<const K_MAJOR: bool, const H: bool> {
+pub struct VStrided<const K_MAJOR: bool, const H: bool, const CA: bool = false> {
     pub p: *const f32,
     pub ks: usize,
     pub is: usize,
@@ -1494,9 +1522,10 @@ pub struct VStridedCursor {
     slot: usize,
 }
 
-impl<const KM: bool, const H: bool> VecOperand for VStrided<KM, H> {
+impl<const KM: bool, const H: bool, const CA: bool> VecOperand for VStrided<KM, H, CA> {
     const K_MAJOR: bool = KM;
     const HALF: bool = H;
+    const L1: bool = CA;
     type Cursor = VStridedCursor;
     #[inline(always)]
     fn open(&self, k: u32, i0: u32, dk: u32, di: u32) -> VStridedCursor {

@@ -114,7 +114,14 @@ pub(super) fn conv_forward(
         });
     }
     let fits = [cg.is_multiple_of(4), cg.is_multiple_of(8)];
-    if let Some((name, half)) = channels_last(be, "conv_forward", fits, wide, Some(cfg.grid_dim)) {
+    let (fg, pixels) = (g.c_out / g.groups, g.n * g.out_h() * g.out_w());
+    let plan = transposed(be, "conv_forward_nhwc", fg, pixels, g.groups, fits)
+        .map(|p| (p.name, p.half, p.cfg))
+        .or_else(|| {
+            let (name, half) = channels_last(be, "conv_forward", fits, wide, Some(cfg.grid_dim))?;
+            Some((name, half, vec_cfg(cfg, name)))
+        });
+    if let Some((name, half, cfg)) = plan {
         let x_dims = [g.n, g.c_in, g.h * g.w];
         return relayout(be, Scratch::X, x, x_dims, g.c_in, half, |xt| {
             relayout(
@@ -124,7 +131,7 @@ pub(super) fn conv_forward(
                 [g.c_out, cg, kk],
                 cg,
                 half,
-                |wt| launch!(be, name, vec_cfg(cfg, name), what; &s, xt, wt, bias, y),
+                |wt| launch!(be, name, cfg, what; &s, xt, wt, bias, y),
             )
         });
     }
@@ -182,13 +189,74 @@ struct VecPlan {
 /// The channels-last data-gradient kernel for `g`, if the shape takes it.
 fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
     let (cg, fg) = (g.c_in / g.groups, g.c_out / g.groups);
-    let (cfg, wide) = tiles(be, cg, g.n * g.h * g.w, g.groups);
     let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
+    let pixels = g.n * g.h * g.w;
+    if let Some(plan) = transposed(be, "conv_backward_data_nhwc", cg, pixels, g.groups, fits) {
+        return Some(plan);
+    }
+    let (cfg, wide) = tiles(be, cg, g.n * g.h * g.w, g.groups);
     let (name, half) = channels_last(be, "conv_backward_data", fits, wide, Some(cfg.grid_dim))?;
     Some(VecPlan {
         name,
         half,
         cfg: vec_cfg(cfg, name),
+    })
+}
+
+/// The transposed channels-last product `{base}_t` (pixels × channels,
+/// 128-pixel tiles; launch plan) for a group of `channels` output channels
+/// (filters of the forward, input channels of the data gradient) over
+/// `pixels`, where the usual tiles pad the channels and this does not, or
+/// less: 48-channel tiles (`_slim`, data gradient only) where they pad less
+/// than 64-row ones (conv2's groups of 48: a quarter of each 64-row
+/// tile's `mma`s wasted), 64-channel ones (`_wide`, bf16 only) where
+/// 128-row tiles would pad and 64-row ones are chosen (conv4's 192
+/// filters, conv4–5's 192 channels). Measured at batch 128 (`…-v17/
+/// transposed/`): conv2's data gradient TF32 0.988 → 0.929 ms, bf16 0.476
+/// → 0.434; bf16 conv4 forward 0.216 → 0.200, conv4–5 data gradients
+/// 0.234 → 0.212 and 0.176 → 0.157; the TF32 `_wide` twins were slower
+/// (conv4's data gradient 0.422 → 0.495) and are not built. `None` where
+/// it is off, the kernel does not exist, or the pixel tiles overflow grid
+/// y.
+fn transposed(
+    be: &CudaBackend,
+    base: &str,
+    channels: usize,
+    pixels: usize,
+    groups: usize,
+    fits: [bool; 2],
+) -> Option<VecPlan> {
+    let pixel_tiles = pixels.div_ceil(128);
+    let slim = channels.div_ceil(48) * 48 < channels.div_ceil(64) * 64;
+    let wide = channels % 128 == 64 && channels > 64;
+    if !be.transposed || pixel_tiles > 65535 || !(slim || wide) {
+        return None;
+    }
+    let (tile, cols) = if slim {
+        (VecTile::Slim, 48)
+    } else {
+        (VecTile::Wide, 64)
+    };
+    let half16 = (fits[1] && be.bf16_operands)
+        .then(|| be.vec_kernel(&format!("{base}16_t"), true, tile))
+        .flatten();
+    let (name, half) = match half16 {
+        Some(k) => (k, true),
+        None => (be.vec_kernel(&format!("{base}_t"), fits[0], tile)?, false),
+    };
+    let grid = LaunchConfig {
+        grid_dim: (
+            channels.div_ceil(cols) as u32,
+            pixel_tiles as u32,
+            groups as u32,
+        ),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Some(VecPlan {
+        name,
+        half,
+        cfg: vec_cfg(grid, name),
     })
 }
 

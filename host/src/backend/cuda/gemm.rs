@@ -54,6 +54,9 @@ pub(super) enum VecTile {
     Big,
     /// 64×128 (`gemm::VLONG`).
     Long,
+    /// 128×48 (`gemm::VSLIM`: the transposed data gradient of 48-channel
+    /// groups).
+    Slim,
 }
 
 impl VecTile {
@@ -63,7 +66,9 @@ impl VecTile {
     }
     /// The shape of vector kernel `name`, from its suffix.
     pub(super) fn of_name(name: &str) -> Self {
-        if name.ends_with("_big") {
+        if name.ends_with("_slim") {
+            VecTile::Slim
+        } else if name.ends_with("_big") {
             VecTile::Big
         } else if name.ends_with("_long") {
             VecTile::Long
@@ -80,13 +85,15 @@ impl VecTile {
             VecTile::Wide => "_wide",
             VecTile::Big => "_big",
             VecTile::Long => "_long",
+            VecTile::Slim => "_slim",
         }
     }
 }
 
-/// `cfg` (a grid of 64-column tiles of 64 or 128 rows) for vector-engine
-/// kernel `name`, its tile shape from the name's suffix: 128-column tiles
-/// halve grid x; blocks of `gemm::VTHREADS` (128) threads with
+/// `cfg` (a grid of 64-column tiles of 64 or 128 rows; for `_slim`
+/// kernels, already their own grid) for vector-engine kernel `name`, its
+/// tile shape from the name's suffix: 128-column tiles halve grid x; blocks
+/// of `gemm::VTHREADS` (128) threads with
 /// `gemm::vshared_bytes` of shared memory (4 stages of 64 + 64 rows, or 3
 /// of 128 + 64, 64 + 128 or 128 + 128, × 80 bytes), or for the warpgroup
 /// engine (`_wg` kernels) `gemm::wshared_bytes` (4 stages of the rows × 64
@@ -98,6 +105,7 @@ pub(super) fn vec_cfg(cfg: LaunchConfig, name: &str) -> LaunchConfig {
         VecTile::Wide => (3, 192, gx),
         VecTile::Big => (3, 256, gx.div_ceil(2)),
         VecTile::Long => (3, 192, gx.div_ceil(2)),
+        VecTile::Slim => (3, 192, gx),
     };
     let shared_mem_bytes = if is_wg_kernel(name) {
         4 * rows * 64
@@ -313,6 +321,7 @@ mod tests {
             ("conv_forward_nhwc_tf32_wide", 9, 3 * 192 * 80),
             ("conv_forward_nhwc_tf32_big", 5, 3 * 256 * 80),
             ("conv_forward_nhwc16_bf16_long", 5, 3 * 192 * 80),
+            ("conv_backward_data_nhwc_t_tf32_slim", 9, 3 * 192 * 80),
             ("conv_forward_nhwc_tf32_wg", 9, 4 * 128 * 64),
             ("conv_forward_nhwc_tf32_wg_wide", 9, 4 * 192 * 64),
             ("conv_forward_nhwc_tf32_wg_big", 5, 4 * 256 * 64),

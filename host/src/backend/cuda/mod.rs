@@ -93,6 +93,10 @@ const KERNELS: &[&str] = &[
     "conv_forward_rows_tf32_big",
     "conv_forward_nhwc16_bf16_long",
     "conv_backward_data_nhwc16_bf16_long",
+    "conv_backward_data_nhwc_t_tf32_slim",
+    "conv_backward_data_nhwc16_t_bf16_slim",
+    "conv_backward_data_nhwc16_t_bf16_wide",
+    "conv_forward_nhwc16_t_bf16_wide",
     "conv_backward_filter_rows16_bf16_big",
     "conv_backward_filter_rows_tf32",
     "conv_backward_filter_rows_tf32_wide",
@@ -290,6 +294,11 @@ pub struct CudaBackend {
     /// fills the GPU's waves about as well (see `conv.rs`), `Some(on)`
     /// always or never (`ALEXNET_BIG_TILES=1|0`; benchmarks and tests).
     big_tiles: Option<bool>,
+    /// Whether channels-last products whose channel count the 64- or
+    /// 128-row tiles pad take the transposed kernels (`_t_`: pixels ×
+    /// channels, 128×48 or 128×64 tiles) instead (`ALEXNET_TRANSPOSED=0`
+    /// turns them off; benchmarks and tests).
+    transposed: bool,
     /// Whether the loaded module is the Hopper one, with the warpgroup
     /// engine's kernels (see `crate::PTX_SM90A`).
     has_wgmma: bool,
@@ -435,6 +444,7 @@ impl CudaBackend {
                 Ok("1") => Some(true),
                 _ => None,
             },
+            transposed: std::env::var("ALEXNET_TRANSPOSED").map_or(true, |v| v != "0"),
             has_wgmma: hopper,
             wgmma: hopper && std::env::var("ALEXNET_WGMMA").is_ok_and(|v| v == "1"),
             scratch: Default::default(),
@@ -489,6 +499,13 @@ impl CudaBackend {
     /// always or never.
     pub fn set_big_tiles(&mut self, on: Option<bool>) {
         self.big_tiles = on;
+        self.settings_changed();
+    }
+
+    /// Turns the transposed channels-last products on or off (see the
+    /// field).
+    pub fn set_transposed(&mut self, on: bool) {
+        self.transposed = on;
         self.settings_changed();
     }
 
