@@ -771,13 +771,33 @@ impl<const H: bool> VecOperand for NhwcPatches<H> {
     }
 }
 
+/// The K-major filter rows of a channels-last product, `k_len` long,
+/// starting at row `first` (the group's first filter or channel); through
+/// L1 when `CA`.
+#[inline(always)]
+fn group_rows<const H: bool, const CA: bool>(
+    wt: *const f32,
+    first: u32,
+    k_len: u32,
+) -> VStrided<true, H, CA> {
+    VStrided {
+        p: elem_at(wt, (first * k_len) as usize, H),
+        ks: 1,
+        is: k_len as usize,
+    }
+}
+
 /// Convolution forward from NHWC x and `[F][KH][KW][Cg]` weights `wt` (fp32,
 /// or bf16 when `H`); writes y (NCHW) like `conv_forward`. Grid
 /// (⌈N·OH·OW/64⌉, ⌈Fg/BM⌉, G), `gemm::vshared_bytes(wide)` of dynamic
 /// shared memory. The filter bank is copied through L1: blocks of
 /// one column of the grid re-read it (4–11% faster TF32 forwards).
+/// `TR`: the transposed product, pixels × filters, in 128-pixel tiles of
+/// 64 filters (`gemm::VWIDE`, for groups of 192 filters, which 128-row
+/// tiles pad; bf16 only: in TF32 it measured slower than 64×64 tiles);
+/// grid (⌈Fg/64⌉, ⌈N·OH·OW/128⌉, G).
 #[inline(always)]
-unsafe fn conv_forward_nhwc_any<const MODE: u8, const T: u8, const H: bool>(
+unsafe fn conv_forward_nhwc_any<const MODE: u8, const T: u8, const H: bool, const TR: bool>(
     s: ConvShape,
     x: *const f32,
     wt: *const f32,
@@ -786,15 +806,15 @@ unsafe fn conv_forward_nhwc_any<const MODE: u8, const T: u8, const H: bool>(
 ) {
     let g = bid_z();
     let k_len = s.cg() * s.kk();
-    let a = VStrided::<true, H, true> {
-        p: elem_at(wt, (g * s.fg() * k_len) as usize, H),
-        ks: 1,
-        is: k_len as usize,
-    };
-    let b = NhwcPatches::<H> { x, s, g };
+    let w = group_rows::<H, true>(wt, g * s.fg(), k_len);
+    let p = NhwcPatches::<H> { x, s, g };
     let e = StoreOutput { y, bias, s, g };
     let n = s.n * s.oh * s.ow;
-    unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, s.fg(), n, 0, k_len) };
+    if TR {
+        unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&p, &w, &Transposed(e), n, s.fg(), 0, k_len) };
+    } else {
+        unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&w, &p, &e, s.fg(), n, 0, k_len) };
+    }
 }
 
 unsafe fn conv_forward_nhwc_impl<const MODE: u8, const T: u8>(
@@ -804,32 +824,7 @@ unsafe fn conv_forward_nhwc_impl<const MODE: u8, const T: u8>(
     bias: *const f32,
     y: *mut f32,
 ) {
-    unsafe { conv_forward_nhwc_any::<MODE, T, false>(s, x, wt, bias, y) }
-}
-
-/// The same forward as the transposed product, pixels × filters, in
-/// 128-pixel tiles of 64 filters (`gemm::VWIDE`: groups of 192 filters,
-/// which 128-row tiles pad), bf16 only (in TF32 it measured slower than
-/// 64×64 tiles). Grid (⌈Fg/64⌉, ⌈N·OH·OW/128⌉, G).
-#[inline(always)]
-unsafe fn conv_forward_nhwc_t_any<const MODE: u8, const T: u8, const H: bool>(
-    s: ConvShape,
-    x: *const f32,
-    wt: *const f32,
-    bias: *const f32,
-    y: *mut f32,
-) {
-    let g = bid_z();
-    let k_len = s.cg() * s.kk();
-    let a = NhwcPatches::<H> { x, s, g };
-    let b = VStrided::<true, H, true> {
-        p: elem_at(wt, (g * s.fg() * k_len) as usize, H),
-        ks: 1,
-        is: k_len as usize,
-    };
-    let e = Transposed(StoreOutput { y, bias, s, g });
-    let n = s.n * s.oh * s.ow;
-    unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, n, s.fg(), 0, k_len) };
+    unsafe { conv_forward_nhwc_any::<MODE, T, false, false>(s, x, wt, bias, y) }
 }
 
 unsafe fn conv_forward_nhwc16_t_impl<const MODE: u8, const T: u8>(
@@ -839,7 +834,7 @@ unsafe fn conv_forward_nhwc16_t_impl<const MODE: u8, const T: u8>(
     bias: *const f32,
     y: *mut f32,
 ) {
-    unsafe { conv_forward_nhwc_t_any::<MODE, T, true>(s, x, wt, bias, y) }
+    unsafe { conv_forward_nhwc_any::<MODE, T, true, true>(s, x, wt, bias, y) }
 }
 
 gemm_kernels!(conv_forward_nhwc16_t_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
@@ -852,7 +847,7 @@ unsafe fn conv_forward_nhwc16_impl<const MODE: u8, const T: u8>(
     bias: *const f32,
     y: *mut f32,
 ) {
-    unsafe { conv_forward_nhwc_any::<MODE, T, true>(s, x, wt, bias, y) }
+    unsafe { conv_forward_nhwc_any::<MODE, T, true, false>(s, x, wt, bias, y) }
 }
 
 gemm_kernels!(conv_forward_nhwc_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
@@ -935,9 +930,13 @@ impl<const H: bool> VecOperand for NhwcGradPatches<H> {
 /// Convolution data gradient from NHWC dy and `[G][Cg][KH][KW][Fg]` weights
 /// `wt` (fp32, or bf16 when `H`); writes dx (NCHW) like
 /// `conv_backward_data`. Grid (⌈N·H·W/64⌉, ⌈Cg/BM⌉, G),
-/// `gemm::vshared_bytes(wide)` of dynamic shared memory.
+/// `gemm::vshared_bytes(wide)` of dynamic shared memory. `TR`: the
+/// transposed product, pixels × channels, in 128-pixel tiles of 48
+/// (`gemm::VSLIM`: groups of 48 channels, which 64-row tiles pad by a
+/// quarter) or, bf16 only, 64 channels (`VWIDE`: groups of 192, which
+/// 128-row tiles pad); grid (⌈Cg/48 or 64⌉, ⌈N·H·W/128⌉, G).
 #[inline(always)]
-unsafe fn conv_backward_data_nhwc_any<const MODE: u8, const T: u8, const H: bool>(
+unsafe fn conv_backward_data_nhwc_any<const MODE: u8, const T: u8, const H: bool, const TR: bool>(
     s: ConvShape,
     dy: *const f32,
     wt: *const f32,
@@ -946,41 +945,15 @@ unsafe fn conv_backward_data_nhwc_any<const MODE: u8, const T: u8, const H: bool
 ) {
     let g = bid_z();
     let k_len = s.fg() * s.kk();
-    let a = VStrided::<true, H> {
-        p: elem_at(wt, (g * s.cg() * k_len) as usize, H),
-        ks: 1,
-        is: k_len as usize,
-    };
-    let b = NhwcGradPatches::<H> { dy, s, g };
+    let w = group_rows::<H, false>(wt, g * s.cg(), k_len);
+    let p = NhwcGradPatches::<H> { dy, s, g };
     let e = StoreInputGrad { dx, mask, s, g };
     let n = s.n * s.h * s.w;
-    unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, s.cg(), n, 0, k_len) };
-}
-
-/// The same data gradient as the transposed product, pixels × channels, in
-/// 128-pixel tiles of 48 (`gemm::VSLIM`: groups of 48 channels, which
-/// 64-row tiles pad by a quarter) or, bf16 only, 64 channels (`VWIDE`:
-/// groups of 192, which 128-row tiles pad). Grid (⌈Cg/48 or 64⌉,
-/// ⌈N·H·W/128⌉, G).
-#[inline(always)]
-unsafe fn conv_backward_data_nhwc_t_any<const MODE: u8, const T: u8, const H: bool>(
-    s: ConvShape,
-    dy: *const f32,
-    wt: *const f32,
-    dx: *mut f32,
-    mask: *const f32,
-) {
-    let g = bid_z();
-    let k_len = s.fg() * s.kk();
-    let a = NhwcGradPatches::<H> { dy, s, g };
-    let b = VStrided::<true, H> {
-        p: elem_at(wt, (g * s.cg() * k_len) as usize, H),
-        ks: 1,
-        is: k_len as usize,
-    };
-    let e = Transposed(StoreInputGrad { dx, mask, s, g });
-    let n = s.n * s.h * s.w;
-    unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, n, s.cg(), 0, k_len) };
+    if TR {
+        unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&p, &w, &Transposed(e), n, s.cg(), 0, k_len) };
+    } else {
+        unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&w, &p, &e, s.cg(), n, 0, k_len) };
+    }
 }
 
 unsafe fn conv_backward_data_nhwc_t_impl<const MODE: u8, const T: u8>(
@@ -990,7 +963,7 @@ unsafe fn conv_backward_data_nhwc_t_impl<const MODE: u8, const T: u8>(
     dx: *mut f32,
     mask: *const f32,
 ) {
-    unsafe { conv_backward_data_nhwc_t_any::<MODE, T, false>(s, dy, wt, dx, mask) }
+    unsafe { conv_backward_data_nhwc_any::<MODE, T, false, true>(s, dy, wt, dx, mask) }
 }
 
 unsafe fn conv_backward_data_nhwc16_t_impl<const MODE: u8, const T: u8>(
@@ -1000,7 +973,7 @@ unsafe fn conv_backward_data_nhwc16_t_impl<const MODE: u8, const T: u8>(
     dx: *mut f32,
     mask: *const f32,
 ) {
-    unsafe { conv_backward_data_nhwc_t_any::<MODE, T, true>(s, dy, wt, dx, mask) }
+    unsafe { conv_backward_data_nhwc_any::<MODE, T, true, true>(s, dy, wt, dx, mask) }
 }
 
 gemm_kernels!(conv_backward_data_nhwc_t_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
@@ -1015,7 +988,7 @@ unsafe fn conv_backward_data_nhwc_impl<const MODE: u8, const T: u8>(
     dx: *mut f32,
     mask: *const f32,
 ) {
-    unsafe { conv_backward_data_nhwc_any::<MODE, T, false>(s, dy, wt, dx, mask) }
+    unsafe { conv_backward_data_nhwc_any::<MODE, T, false, false>(s, dy, wt, dx, mask) }
 }
 
 unsafe fn conv_backward_data_nhwc16_impl<const MODE: u8, const T: u8>(
@@ -1025,7 +998,7 @@ unsafe fn conv_backward_data_nhwc16_impl<const MODE: u8, const T: u8>(
     dx: *mut f32,
     mask: *const f32,
 ) {
-    unsafe { conv_backward_data_nhwc_any::<MODE, T, true>(s, dy, wt, dx, mask) }
+    unsafe { conv_backward_data_nhwc_any::<MODE, T, true, false>(s, dy, wt, dx, mask) }
 }
 
 gemm_kernels!(conv_backward_data_nhwc_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
