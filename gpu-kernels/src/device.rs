@@ -386,25 +386,6 @@ pub unsafe fn cp_async_f32(dst: u32, src: Option<*const f32>, dummy: *const f32)
     };
 }
 
-/// An asynchronous 8-byte copy from global to shared memory (through L1:
-/// `.cg` takes only 16 bytes), zero-filled where `src` is `None`.
-#[inline(always)]
-pub unsafe fn cp_async_v2(dst: u32, src: Option<*const f32>, dummy: *const f32) {
-    let (p, n) = match src {
-        Some(p) => (p, 8u32),
-        None => (dummy, 0u32),
-    };
-    unsafe {
-        asm!(
-            "cp.async.ca.shared.global [{d}], [{s}], 8, {n};",
-            d = in(reg32) dst,
-            s = in(reg64) p,
-            n = in(reg32) n,
-            options(nostack, preserves_flags),
-        )
-    };
-}
-
 /// Closes the group of the asynchronous copies started since the last one.
 #[inline(always)]
 pub fn cp_async_commit() {

@@ -42,7 +42,7 @@
 //! `ALEXNET_WGMMA=1`).
 
 use crate::device::{
-    bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v2, cp_async_v4, cp_async_wait, fma,
+    bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
     fence_proxy_async_shared, ld_shared, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
     shared_addr, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
     wgmma_wait,
@@ -964,9 +964,11 @@ pub trait VecOperand {
 /// 16 k), those of a row-major one from 16-byte loads of a swizzled tile,
 /// the rows (columns) of the warp's 16×8 blocks interleaved so that each
 /// lane's words are contiguous ([`rm_words`]); B's columns stay in `mma`
-/// order, read by scalar loads ([`rm_column`]), where the epilogue stores
-/// densely along n (`Epilogue::DENSE_N`: interleaved columns would scatter
-/// a warp's stores). For bf16, k is
+/// order, read by scalar loads ([`rm_column`]), in TF32 products (each word
+/// lands in the register the `mma` reads; see [`b_interleaved`]) and where
+/// the epilogue stores densely along n (`Epilogue::DENSE_N`: interleaved
+/// columns would scatter a warp's stores). A K-major TF32 A fragment is one
+/// `ldmatrix` ([`a_frag_tf32`]). For bf16, k is
 /// permuted inside each 16-deep tile, the same way for A and B (so the
 /// products are unchanged): the register the `mma` reads as k `(2t, 2t+1)`
 /// holds k `(t, t+4)` and `(2t+8, 2t+9)` holds `(t+8, t+12)`, which is what
@@ -1018,41 +1020,21 @@ pub unsafe fn gemm_tile_v<
             (k, r, k * st + 16 * chunk, dk, 0, dk * st)
         }
     };
-    let paired = paired_a::<A, MODE, HALF>();
-    let (a_k, a_i, a_dst, a_dk, a_di, a_slot) = if paired {
-        // Thread (pair, h): rows 2·pair and 2·pair + 1 at tile k κ0 + j + 8h
-        // for its vbm/16 chunk rows κ0 + j (see `pair_offset`).
-        let rows = vbm(T);
-        let kappa0 = (tid / rows) * (rows / 16);
-        (8 * (tid % 2) + kappa0, 2 * ((tid % rows) / 2), 0, 1, 0, 0)
-    } else {
-        place(A::K_MAJOR, vbm(T))
-    };
+    let (a_k, a_i, a_dst, a_dk, a_di, a_slot) = place(A::K_MAJOR, vbm(T));
     let (b_k, b_i, b_dst, b_dk, b_di, b_slot) = place(B::K_MAJOR, vbn(T));
     let mut ca = a.open(k_begin + a_k, m0 + a_i, a_dk, a_di);
     let mut cb = b.open(k_begin + b_k, n0 + b_i, b_dk, b_di);
     let (a_dummy, b_dummy) = (a.base(), b.base());
-    let a_slots = if paired { vbm(T) / 16 } else { vbm(T) / VSLOT_ROWS };
+    let a_slots = vbm(T) / VSLOT_ROWS;
     let b_slots = vbn_copy(T) / VSLOT_ROWS;
 
     let mut issue = |stage: u32, k0: u32| {
         let base = smem_addr + stage * stage_bytes;
-        if paired {
-            for j in 0..8u32 {
-                if j < a_slots {
-                    let inside = k0 + a_k + j < k_end && m0 + a_i < m_total;
-                    let src = if inside { a.src(&ca, j as usize) } else { None };
-                    let at = pair_offset(vbm(T), a_k % 8 + j, a_i / 2, a_k / 8);
-                    unsafe { cp_async_v2(base + at, src, a_dummy) };
-                }
-            }
-        } else {
-            for j in 0..4u32 {
-                if j < a_slots {
-                    let inside = k0 + a_k + a_dk * j < k_end && m0 + a_i + a_di * j < m_total;
-                    let src = if inside { a.src(&ca, j as usize) } else { None };
-                    unsafe { cp_async_v4(base + a_dst + a_slot * j, src, a_dummy, A::L1) };
-                }
+        for j in 0..4u32 {
+            if j < a_slots {
+                let inside = k0 + a_k + a_dk * j < k_end && m0 + a_i + a_di * j < m_total;
+                let src = if inside { a.src(&ca, j as usize) } else { None };
+                unsafe { cp_async_v4(base + a_dst + a_slot * j, src, a_dummy, A::L1) };
             }
         }
         for j in 0..4u32 {
@@ -1127,56 +1109,16 @@ pub unsafe fn gemm_tile_v<
     store_rows!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
 }
 
-/// Whether the vector engine lays a row-major fp32 A tile out in row pairs
-/// (TF32 products): chunk row κ < 8 holds, per pair p, the 16 bytes
-/// `[(2p, κ), (2p+1, κ), (2p, κ+8), (2p+1, κ+8)]` (row, tile k), which is
-/// one `mma` A fragment as it stands (k8 step s = κ / 4 takes tile k
-/// `4s + t` as its k t and `4s + t + 8` as t + 4; B is read to match, see
-/// [`vmma_tile`]). Copied in 8-byte pieces (a row pair at one k), a warp's
-/// 32 pieces filling 16 whole chunks. The plain `[k][row]` tile needed
-/// four register moves per fragment (the `mma` takes its A registers
-/// consecutive): 90 moves per 32 `mma`s in conv2's TF32 weight gradient.
-const fn paired_a<A: VecOperand, const MODE: u8, const HALF: bool>() -> bool {
-    !HALF && !A::K_MAJOR && (MODE == TF32 || MODE == TF32_ROUNDED)
-}
-
 /// Whether B's columns are interleaved across the warp's 16×8 blocks (see
 /// [`vtc_coord`]): fp32 row-major B tiles of bf16 products read by
 /// [`rm_words`]. TF32 products read row-major B one word at a time
-/// ([`rm_column`], straight into the `mma`'s registers) and keep the
-/// columns in `mma` order, as does a dense-along-n epilogue.
+/// ([`rm_column`], straight into the `mma`'s registers: the 16-byte loads
+/// of [`rm_words`] cost ptxas two moves per fragment) and keep the columns
+/// in `mma` order, as does a dense-along-n epilogue. Measured (`…-v18/`,
+/// batch 128): TF32 weight gradients conv2 0.661 → 0.622 ms, conv3 0.477 →
+/// 0.435, conv5 0.267 → 0.244, conv1 0.618 → 0.573.
 const fn b_interleaved<B: VecOperand, E: Epilogue, const MODE: u8, const HALF: bool>() -> bool {
     !HALF && !B::K_MAJOR && !E::DENSE_N && MODE == BF16
-}
-
-/// Byte offset, in a paired A tile of `rows` rows (see [`paired_a`]), of
-/// pair `p` at chunk row `kappa`, half `h` (tile k κ + 8h); pairs are
-/// swizzled by [`pair_swizzle`].
-#[inline(always)]
-fn pair_offset(rows: u32, kappa: u32, p: u32, h: u32) -> u32 {
-    kappa * rows * 8 + 16 * (p ^ pair_swizzle(rows, kappa % 4)) + 8 * h
-}
-
-/// The XOR on the pair index of chunk row κ (t = κ mod 4) of a paired
-/// tile: one 16-byte-load phase is lanes (g, t) ∈ {0, 1} × {0..3}, reading
-/// pairs `p0 + MI·g + mi` (MI = rows/32 blocks per warp slice), so t fills
-/// the two low pair bits that g leaves alone: eight distinct bank groups.
-#[inline(always)]
-fn pair_swizzle(rows: u32, t: u32) -> u32 {
-    if rows == 128 { t } else { (t & 1) | ((t & 2) << 1) }
-}
-
-/// The TF32 `mma` A fragment of 16-row block `mi` at k8 step `s` of a
-/// paired tile (see [`paired_a`]): one 16-byte load of chunk row 4s + t,
-/// rows (g, g+8) of the block being slice rows `2·(MI·g + mi) + (0, 1)`
-/// (as [`vtc_coord`] maps row-major A).
-#[inline(always)]
-unsafe fn a_frag_paired<const T: u8>(tile: u32, row0: u32, mi: u32, s: u32) -> [u32; 4] {
-    let lane = tid_x() % 32;
-    let (g, t) = (lane / 4, lane % 4);
-    let rows = vbm(T);
-    let p = row0 / 2 + vmi(T) * g + mi;
-    unsafe { ld_shared_v4(tile + pair_offset(rows, 4 * s + t, p, 0)).map(f32::to_bits) }
 }
 
 /// Bytes of one stage of the warpgroup engine: an A tile of `vbm(t)` rows
@@ -1410,7 +1352,8 @@ unsafe fn a_frag_tf32(tile: u32, r: u32, s: u32) -> [u32; 4] {
 /// The four fp32 words of a row-major shared tile (as [`rm_words`] reads)
 /// that lane (g, t) needs for column `x0 + g` at k = t, t+4, t+8, t+12:
 /// scalar loads, for columns kept in `mma` order. Conflict-free for tiles
-/// of 64 columns (the fc products); 128-column tiles' swizzle would make
+/// of 64 columns (every TF32 product with a row-major B: the weight
+/// gradients and fc data gradients); 128-column tiles' swizzle would make
 /// them 2-way conflicted (none reads them this way today).
 #[inline(always)]
 unsafe fn rm_column(tile: u32, x0: u32, rows: u32, stride: u32) -> [u32; 4] {
@@ -1461,8 +1404,7 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, E: Epilogue, const MODE: u8, c
     // Words for rows r..r+7 and r+8..r+15 of A, columns c..c+7 of B, each at
     // k = t, t+4, t+8, t+12.
     // Row-major tiles: every word the lane needs, up front (see `rm_words`).
-    let paired = paired_a::<A, MODE, false>();
-    let a_rm = if A::K_MAJOR || paired {
+    let a_rm = if A::K_MAJOR {
         [[0; 8]; 4]
     } else {
         unsafe { rm_words(a_s, row0, vbm(T), a_stride) }
@@ -1500,16 +1442,12 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, E: Epilogue, const MODE: u8, c
                 w
             }
         };
-        // k8 step s reads k = 8s + t and 8s + t + 4: words 2s and 2s + 1
-        // (4s + t and 4s + t + 8, words s and s + 2, with a paired A tile).
+        // k8 step s reads k = 8s + t and 8s + t + 4: words 2s and 2s + 1.
         let bt = b.map(|w| w.map(tf));
         let mut rows = |mi: u32| {
             // Both k8 steps' A fragments first, as the row-major path does.
             let a2 = if A::K_MAJOR {
                 let f = |s: u32| unsafe { a_frag_tf32(a_s, row0 + 16 * mi, s) }.map(tf);
-                [f(0), f(1)]
-            } else if paired {
-                let f = |s: u32| unsafe { a_frag_paired::<T>(a_s, row0, mi, s) }.map(tf);
                 [f(0), f(1)]
             } else {
                 let (lo, hi) = (aw(mi, 0).map(tf), aw(mi, 1).map(tf));
@@ -1518,10 +1456,7 @@ unsafe fn vmma_tile<A: VecOperand, B: VecOperand, E: Epilogue, const MODE: u8, c
             for (s, &a) in a2.iter().enumerate() {
                 for nj in 0..nj_count {
                     let p = nj_count * mi as usize + nj;
-                    // B's words are k t, t+4, t+8, t+12; a paired A tile
-                    // pairs k t with t+8 (see `paired_a`).
-                    let (b0, b1) = if paired { (s, s + 2) } else { (2 * s, 2 * s + 1) };
-                    acc[p] = mma_tf32(a, [bt[nj][b0], bt[nj][b1]], acc[p]);
+                    acc[p] = mma_tf32(a, [bt[nj][2 * s], bt[nj][2 * s + 1]], acc[p]);
                 }
             }
         };
