@@ -837,6 +837,18 @@ unsafe fn conv_forward_nhwc16_t_impl<const MODE: u8, const T: u8>(
     unsafe { conv_forward_nhwc_any::<MODE, T, true, true>(s, x, wt, bias, y) }
 }
 
+unsafe fn conv_forward_nhwc_t_impl<const MODE: u8, const T: u8>(
+    s: ConvShape,
+    x: *const f32,
+    wt: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+) {
+    unsafe { conv_forward_nhwc_any::<MODE, T, false, true>(s, x, wt, bias, y) }
+}
+
+gemm_kernels!(conv_forward_nhwc_t_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
+    conv_forward_nhwc_t_tf32_wide: TF32_ROUNDED, 1);
 gemm_kernels!(conv_forward_nhwc16_t_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_nhwc16_t_bf16_wide: BF16, 1);
 
@@ -977,7 +989,7 @@ unsafe fn conv_backward_data_nhwc16_t_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(conv_backward_data_nhwc_t_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
-    conv_backward_data_nhwc_t_tf32_slim: TF32_ROUNDED, 4);
+    conv_backward_data_nhwc_t_tf32_slim: TF32_ROUNDED, 4; conv_backward_data_nhwc_t_tf32_wide: TF32_ROUNDED, 1);
 gemm_kernels!(conv_backward_data_nhwc16_t_impl (s: ConvShape, dy: *const f32, wt: *const f32, dx: *mut f32, mask: *const f32) =>
     conv_backward_data_nhwc16_t_bf16_slim: BF16, 4; conv_backward_data_nhwc16_t_bf16_wide: BF16, 1);
 

@@ -209,15 +209,17 @@ fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
 /// `pixels`, where the usual tiles pad the channels and this does not, or
 /// less: 48-channel tiles (`_slim`, data gradient only) where they pad less
 /// than 64-row ones (conv2's groups of 48: a quarter of each 64-row
-/// tile's `mma`s wasted), 64-channel ones (`_wide`, bf16 only) where
+/// tile's `mma`s wasted), 64-channel ones (`_wide`) where
 /// 128-row tiles would pad and 64-row ones are chosen (conv4's 192
 /// filters, conv4–5's 192 channels). Measured at batch 128 (`…-v17/
 /// transposed/`): conv2's data gradient TF32 0.988 → 0.929 ms, bf16 0.476
 /// → 0.434; bf16 conv4 forward 0.216 → 0.200, conv4–5 data gradients
-/// 0.234 → 0.212 and 0.176 → 0.157; the TF32 `_wide` twins were slower
-/// (conv4's data gradient 0.422 → 0.495) and are not built. `None` where
-/// it is off, the kernel does not exist, or the pixel tiles overflow grid
-/// y.
+/// 0.234 → 0.212 and 0.176 → 0.157. The TF32 `_wide` twins measured
+/// slower then (conv4's data gradient 0.422 → 0.495) and faster once
+/// their A fragments came from one `ldmatrix` (`…-v18/final/`, off → on:
+/// conv4 forward 0.373 → 0.297, data gradients conv4 0.414 → 0.352, conv5
+/// 0.302 → 0.253). `None` where it is off, the kernel does not exist, or
+/// the pixel tiles overflow grid y.
 fn transposed(
     be: &CudaBackend,
     base: &str,

@@ -97,6 +97,8 @@ const KERNELS: &[&str] = &[
     "conv_backward_data_nhwc16_t_bf16_slim",
     "conv_backward_data_nhwc16_t_bf16_wide",
     "conv_forward_nhwc16_t_bf16_wide",
+    "conv_backward_data_nhwc_t_tf32_wide",
+    "conv_forward_nhwc_t_tf32_wide",
     "conv_backward_filter_rows16_bf16_big",
     "conv_backward_filter_rows_tf32",
     "conv_backward_filter_rows_tf32_wide",
