@@ -1205,6 +1205,35 @@ mod tests {
         assert!(!crate::PTX.contains("wgmma"));
     }
 
+    /// Kernels of `ptx` whose bodies mention the `.local` state space.
+    fn local_memory_kernels(ptx: &str) -> Vec<&str> {
+        let mut kernel = "";
+        let mut found = Vec::new();
+        for line in ptx.lines() {
+            if let Some(rest) = line.strip_prefix(".visible .entry ") {
+                kernel = rest.split('(').next().unwrap_or(rest).trim();
+            } else if line.contains(".local") && found.last() != Some(&kernel) {
+                found.push(kernel);
+            }
+        }
+        found
+    }
+
+    /// No kernel of either module uses local memory: in these kernels it
+    /// only ever meant register arrays indexed by a loop LLVM did not
+    /// unroll (operand cursors, accumulators), which made the transposed
+    /// conv products 2× slower once (`benches/NOTES.md`, `…-v18/`).
+    #[test]
+    fn no_kernel_spills_to_local_memory() {
+        let sample = ".visible .entry ok(\n)\n{\n\tret;\n}\n\
+                      .visible .entry bad(\n)\n{\n\t.local .align 4 .b8 __local_depot0[64];\n\tret;\n}\n";
+        assert_eq!(local_memory_kernels(sample), ["bad"]);
+        for (module, ptx) in [("portable", crate::PTX), ("sm_90a", crate::PTX_SM90A)] {
+            let found = local_memory_kernels(ptx);
+            assert!(found.is_empty(), "local memory in the {module} module: {found:?}");
+        }
+    }
+
     /// The kernels' division agrees with `/` for numerators below 2^31:
     /// every small divisor, powers of two and their neighbours, and the
     /// divisors the pooling kernels use, each over edge and sampled
