@@ -1230,7 +1230,10 @@ mod tests {
         assert_eq!(local_memory_kernels(sample), ["bad"]);
         for (module, ptx) in [("portable", crate::PTX), ("sm_90a", crate::PTX_SM90A)] {
             let found = local_memory_kernels(ptx);
-            assert!(found.is_empty(), "local memory in the {module} module: {found:?}");
+            assert!(
+                found.is_empty(),
+                "local memory in the {module} module: {found:?}"
+            );
         }
     }
 
