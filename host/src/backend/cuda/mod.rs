@@ -1180,11 +1180,14 @@ impl CudaBackend {
 mod tests {
     use super::{FastDiv, KERNELS, WG_KERNELS};
 
+    /// The kernel a PTX line opens, if it is a `.visible .entry` line.
+    fn entry_name(line: &str) -> Option<&str> {
+        let rest = line.strip_prefix(".visible .entry ")?;
+        Some(rest.split('(').next().unwrap_or(rest).trim())
+    }
+
     fn entries(ptx: &str) -> Vec<&str> {
-        ptx.lines()
-            .filter_map(|l| l.strip_prefix(".visible .entry "))
-            .map(|l| l.split('(').next().unwrap_or(l).trim())
-            .collect()
+        ptx.lines().filter_map(entry_name).collect()
     }
 
     /// Both embedded modules hold every kernel the backend loads; the
@@ -1210,8 +1213,8 @@ mod tests {
         let mut kernel = "";
         let mut found = Vec::new();
         for line in ptx.lines() {
-            if let Some(rest) = line.strip_prefix(".visible .entry ") {
-                kernel = rest.split('(').next().unwrap_or(rest).trim();
+            if let Some(name) = entry_name(line) {
+                kernel = name;
             } else if line.contains(".local") && found.last() != Some(&kernel) {
                 found.push(kernel);
             }
