@@ -262,6 +262,8 @@ fn main() -> Result<()> {
     for (name, c, hw) in [
         ("conv2 x 96x27x27", 96, 27),
         ("conv2 dy 256x27x27", 256, 27),
+        ("conv1 dy 96x55x55", 96, 55),
+        ("conv4 x 384x13x13", 384, 13),
     ] {
         let len = n * c * hw * hw;
         let src = rand_buf(&b.be, len, 250)?;
@@ -275,6 +277,15 @@ fn main() -> Result<()> {
                 be.transpose(&src, &mut dst, [n, c, hw * hw], elem)
             })?;
         }
+        // With the per-channel partial sums (dy's relayout in the backward).
+        let mut sums = b.be.zeros(n * c * (hw * hw).div_ceil(64))?;
+        b.run(
+            "transpose_tf32",
+            &format!("{name} +sums"),
+            0.0,
+            8.0 * len as f64,
+            |be| be.transpose_sums(&src, &mut dst, [n, c, hw * hw], Elem::Tf32, &mut sums),
+        )?;
     }
 
     // conv1's input cut into window rows (the row-patch conv path).

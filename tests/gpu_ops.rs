@@ -145,6 +145,7 @@ const TESTS: &[(&str, Test)] = &[
     ("conv_backward_filter", conv_backward_filter),
     ("conv_backward_bias", conv_backward_bias),
     ("conv_backward", conv_backward),
+    ("conv_kept", conv_kept),
     ("transpose", transpose),
     ("row_patches", row_patches),
     ("convert_bf16", convert_bf16),
@@ -579,6 +580,68 @@ fn conv_backward_in(c: &mut Ctx, p: Precision) -> Result<()> {
     Ok(())
 }
 
+fn conv_kept(c: &mut Ctx) -> Result<()> {
+    let before = c.checks;
+    each_precision_engines(c, conv_kept_in)?;
+    // Some shape must have kept a copy (TF32 and bf16 on the vector engine
+    // do for every channels-last and row-patch case), or nothing was tested.
+    let ran = c.checks > before;
+    c.check_true("conv_kept", "some case kept a copy of x", ran);
+    Ok(())
+}
+
+/// The forward that keeps x's operand copy (`conv_forward_keep`, the copy
+/// poisoned first) and the backward that reads it (`conv_backward_kept`),
+/// given a NaN x so that any read of x itself instead of the copy shows.
+fn conv_kept_in(c: &mut Ctx, p: Precision) -> Result<()> {
+    let (label, tol) = label_tol(c, p);
+    for (case, g) in conv_cases() {
+        let len = c.gpu.conv_kept_len(&g);
+        if len == 0 {
+            continue;
+        }
+        let x = c.randn(g.x_len(), 1.0);
+        let (w, b) = (c.randn(g.w_len(), 0.1), c.randn(g.c_out, 1.0));
+        let dy = c.randn(g.y_len(), 1.0);
+        let (mut y, mut dw, mut db, mut dx) = (
+            vec![0.0; g.y_len()],
+            vec![0.0; g.w_len()],
+            vec![0.0; g.c_out],
+            vec![0.0; g.x_len()],
+        );
+        c.cpu.conv_forward(&g, &x, &w, &b, &mut y)?;
+        c.cpu.conv_backward_filter(&g, &x, &dy, &mut dw)?;
+        c.cpu.conv_backward_bias(&g, &dy, &mut db)?;
+        c.cpu.conv_backward_data(&g, &dy, &w, &mut dx)?;
+        let (gx, gw, gb) = (c.gpu.upload(&x)?, c.gpu.upload(&w)?, c.gpu.upload(&b)?);
+        let (mut gy, mut kept) = (c.gpu.poisoned(g.y_len())?, c.gpu.poisoned(len)?);
+        c.gpu
+            .conv_forward_keep(&g, &gx, &gw, &gb, &mut gy, false, &mut kept)?;
+        let case = format!("{case}{label}");
+        let got = c.gpu.download(&gy)?;
+        c.check("conv_kept", &format!("{case} y"), &got, &y, tol);
+        let (gdy, nan_x) = (c.gpu.upload(&dy)?, c.gpu.poisoned(g.x_len())?);
+        let (mut gdw, mut gdb) = (c.gpu.poisoned(g.w_len())?, c.gpu.poisoned(g.c_out)?);
+        let mut gdx = c.gpu.poisoned(g.x_len())?;
+        c.gpu.conv_backward_kept(
+            &g,
+            &nan_x,
+            &kept,
+            &gdy,
+            &gw,
+            &mut gdw,
+            &mut gdb,
+            Some(&mut gdx),
+            false,
+        )?;
+        for (what, buf, want) in [(" dw", &gdw, &dw), (" db", &gdb, &db), (" dx", &gdx, &dx)] {
+            let got = c.gpu.download(buf)?;
+            c.check("conv_kept", &format!("{case}{what}"), &got, want, tol);
+        }
+    }
+    Ok(())
+}
+
 fn conv_backward_filter(c: &mut Ctx) -> Result<()> {
     each_precision_engines(c, conv_backward_filter_in)
 }
@@ -677,6 +740,7 @@ fn bits_equal(a: &[f32], b: &[f32]) -> bool {
 fn transpose(c: &mut Ctx) -> Result<()> {
     let cases: Vec<(&'static str, (usize, usize, usize))> = keep(vec![
         ("odd 3x37x29", (3, 37, 29)),
+        ("batches 9x33x40", (9, 33, 40)),
         ("single 1x1x1", (1, 1, 1)),
         ("tall 2x100x5", (2, 100, 5)),
         ("alexnet conv2 x n2 96x729", (2, 96, 729)),
@@ -720,6 +784,28 @@ fn transpose(c: &mut Ctx) -> Result<()> {
             .collect();
         let same = got16 == want16;
         c.check_true("transpose_bf16", &format!("{case} bitwise"), same);
+        // The row sums over 64-column tiles (dy's partial sums for the bias
+        // gradient), with each element type; the transposed copy unchanged.
+        let want_sums = host::backend::cpu::layout::transpose_sums(&src, b, r, cols, 64);
+        for elem in [Elem::F32, Elem::Tf32, Elem::Bf16] {
+            let mut gsums = c.gpu.poisoned(want_sums.len())?;
+            let mut gdst = c.gpu.poisoned(want.len())?;
+            c.gpu
+                .transpose_sums(&gsrc, &mut gdst, [b, r, cols], elem, &mut gsums)?;
+            let got = c.gpu.download(&gsums)?;
+            // Up to 64 fp32 terms against an f64 sum: ε·√64 ≈ 1e-6.
+            c.check(
+                "transpose",
+                &format!("{case} sums {elem:?}"),
+                &got,
+                &want_sums,
+                1e-5,
+            );
+            if elem == Elem::F32 {
+                let got = c.gpu.download(&gdst)?;
+                c.check("transpose", &format!("{case} with sums"), &got, &want, 0.0);
+            }
+        }
     }
     Ok(())
 }

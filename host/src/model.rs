@@ -47,7 +47,9 @@ struct Slot {
     dst: usize,
     params: Option<(usize, usize)>,
     /// What the forward pass keeps for the backward pass besides the
-    /// activations: LRN's scale, max pooling's argmax offsets.
+    /// activations: LRN's scale, max pooling's argmax offsets, a conv
+    /// layer's operand copy of x where the backend keeps one
+    /// ([`Backend::conv_kept_len`]).
     saved: Option<usize>,
     /// A ReLU layer whose forward pass the conv layer before it does (in its
     /// epilogue), and whose backward pass the LRN or conv layer after it
@@ -209,6 +211,13 @@ impl<B: Backend> Model<B> {
                 }
                 slot.params = Some((first, first + 1));
             }
+            if let Some(g) = l.conv_geom(batch) {
+                let len = be.conv_kept_len(&g);
+                if len > 0 {
+                    saved.push(be.zeros(len)?);
+                    slot.saved = Some(saved.len() - 1);
+                }
+            }
             if let LayerKind::Lrn(_) | LayerKind::MaxPool(_) = l.kind {
                 let len = if pool_in_lrn[i] {
                     1
@@ -333,10 +342,13 @@ impl<B: Backend> Model<B> {
                     let (w, b) = s.params.unwrap();
                     let (x, y) = pair(&mut self.acts, s.src, s.dst);
                     let (w, b) = (&self.params[w].value, &self.params[b].value);
-                    if self.slots.get(i + 1).is_some_and(|r| r.relu_in_prev) {
-                        be.conv_forward_relu(&g, x, w, b, y)?;
-                    } else {
-                        be.conv_forward(&g, x, w, b, y)?;
+                    let relu = self.slots.get(i + 1).is_some_and(|r| r.relu_in_prev);
+                    match s.saved {
+                        Some(k) => {
+                            be.conv_forward_keep(&g, x, w, b, y, relu, &mut self.saved[k])?
+                        }
+                        None if relu => be.conv_forward_relu(&g, x, w, b, y)?,
+                        None => be.conv_forward(&g, x, w, b, y)?,
                     }
                 }
                 LayerKind::Fc(_) => {
@@ -456,7 +468,23 @@ impl<B: Backend> Model<B> {
                         (&self.acts[s.src], dy, Some(dx))
                     };
                     let relu = i > 0 && self.slots[i - 1].relu_in_next;
-                    be.conv_backward(&g, x, dy, &w.value, &mut w.grad, db, dx, relu)?;
+                    match s.saved {
+                        Some(k) => {
+                            let kept = &self.saved[k];
+                            be.conv_backward_kept(
+                                &g,
+                                x,
+                                kept,
+                                dy,
+                                &w.value,
+                                &mut w.grad,
+                                db,
+                                dx,
+                                relu,
+                            )?
+                        }
+                        None => be.conv_backward(&g, x, dy, &w.value, &mut w.grad, db, dx, relu)?,
+                    }
                 }
                 LayerKind::Lrn(_) if s.pool_in_lrn => {
                     let p = l.lrn_params(n).unwrap();

@@ -413,6 +413,33 @@ pub trait Backend {
         self.conv_forward(g, x, w, bias, y)?;
         self.relu_forward(y)
     }
+    /// Floats of the operand copy of x that a convolution's forward can keep
+    /// for its weight gradient (`conv_forward_keep`), where both read x in
+    /// the same layout; 0 where there is none (the CPU reads x as it is).
+    fn conv_kept_len(&self, _g: &ConvGeom) -> usize {
+        0
+    }
+    /// `conv_forward` (`conv_forward_relu` with `relu`) that also leaves in
+    /// `kept` (`conv_kept_len` floats) its operand copy of x, for
+    /// `conv_backward_kept` to read instead of making it again.
+    #[allow(clippy::too_many_arguments)] // the layer's tensors and the copy
+    fn conv_forward_keep(
+        &self,
+        g: &ConvGeom,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        bias: &Self::Buf,
+        y: &mut Self::Buf,
+        relu: bool,
+        kept: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = kept;
+        if relu {
+            self.conv_forward_relu(g, x, w, bias, y)
+        } else {
+            self.conv_forward(g, x, w, bias, y)
+        }
+    }
     /// `dx = ∂L/∂x` from `dy` (overwrites `dx`).
     fn conv_backward_data(
         &self,
@@ -456,6 +483,25 @@ pub trait Backend {
             self.relu_backward(x, dx)?;
         }
         Ok(())
+    }
+    /// `conv_backward` whose weight gradient reads x's operand copy from
+    /// `kept`, which `conv_forward_keep` wrote from this same x (x itself is
+    /// still read for the ReLU's mask).
+    #[allow(clippy::too_many_arguments)] // the layer's tensors and gradients
+    fn conv_backward_kept(
+        &self,
+        g: &ConvGeom,
+        x: &Self::Buf,
+        kept: &Self::Buf,
+        dy: &Self::Buf,
+        w: &Self::Buf,
+        dw: &mut Self::Buf,
+        db: &mut Self::Buf,
+        dx: Option<&mut Self::Buf>,
+        relu: bool,
+    ) -> Result<()> {
+        let _ = kept;
+        self.conv_backward(g, x, dy, w, dw, db, dx, relu)
     }
 
     /// `y = x·wᵀ + b`.

@@ -18,6 +18,29 @@ pub fn transpose(src: &[f32], batches: usize, rows: usize, cols: usize) -> Vec<f
     dst
 }
 
+/// The row sums the `transpose` kernels write on the way (CPU twin of their
+/// `sums` output): `sums[b][i][t] = Σ src[b][i][j]` over the columns `j` of
+/// tile `t` (`tile` columns a tile, the last one partial), summed in f64.
+pub fn transpose_sums(
+    src: &[f32],
+    batches: usize,
+    rows: usize,
+    cols: usize,
+    tile: usize,
+) -> Vec<f32> {
+    assert_eq!(
+        src.len(),
+        batches * rows * cols,
+        "transpose_sums: src length"
+    );
+    src.chunks(cols)
+        .flat_map(|row| {
+            row.chunks(tile)
+                .map(|t| t.iter().map(|&v| v as f64).sum::<f64>() as f32)
+        })
+        .collect()
+}
+
 /// `transpose` stored as bf16 bit patterns (round to nearest, ties to even;
 /// finite inputs), the CPU twin of `transpose_bf16`.
 pub fn transpose_bf16(src: &[f32], batches: usize, rows: usize, cols: usize) -> Vec<u16> {

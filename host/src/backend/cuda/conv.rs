@@ -29,7 +29,7 @@
 //! keeping results deterministic.
 
 use super::gemm::{VecTile, grid, tiles, vec_cfg};
-use super::layout::{Elem, row_patches, transpose};
+use super::layout::{Elem, TRANSPOSE_COLS, row_patches, transpose};
 use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
 use crate::backend::{ConvGeom, RowGeom};
 use anyhow::Result;
@@ -75,6 +75,7 @@ fn shape(g: &ConvGeom) -> Result<ConvShape> {
     })
 }
 
+#[allow(clippy::too_many_arguments)] // the layer's tensors and the copy
 pub(super) fn conv_forward(
     be: &CudaBackend,
     g: &ConvGeom,
@@ -83,6 +84,7 @@ pub(super) fn conv_forward(
     bias: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
     relu: bool,
+    keep: Option<&mut CudaSlice<f32>>,
 ) -> Result<()> {
     let s = ConvShape {
         relu: relu as u32,
@@ -92,50 +94,156 @@ pub(super) fn conv_forward(
     check_len("conv_forward w", w, g.w_len())?;
     check_len("conv_forward bias", bias, g.c_out)?;
     check_len("conv_forward y", y, g.y_len())?;
-    let (cfg, wide) = tiles(
-        be,
-        g.c_out / g.groups,
-        g.n * g.out_h() * g.out_w(),
-        g.groups,
-    );
     let what = || format!("{g:?}");
     let (cg, kk) = (g.c_in / g.groups, g.k_h * g.k_w);
-    if let Some((name, half, rw)) = row_path(be, g, "conv_forward", wide, Some(cfg.grid_dim)) {
-        let (pg, wg) = (RowGeom::patches(g, rw), RowGeom::filters(g, rw));
-        return cut_rows(be, Scratch::X, x, &pg, half, |p| {
-            cut_rows(
-                be,
-                Scratch::W,
-                w,
-                &wg,
-                half,
-                |wr| launch!(be, name, vec_cfg(cfg, name), what; &s, p, wr, bias, y),
-            )
-        });
-    }
-    let fits = [cg.is_multiple_of(4), cg.is_multiple_of(8)];
-    let (fg, pixels) = (g.c_out / g.groups, g.n * g.out_h() * g.out_w());
-    let plan = transposed(be, "conv_forward_nhwc", fg, pixels, g.groups, fits)
-        .map(|p| (p.name, p.half, p.cfg))
-        .or_else(|| {
-            let (name, half) = channels_last(be, "conv_forward", fits, wide, Some(cfg.grid_dim))?;
-            Some((name, half, vec_cfg(cfg, name)))
-        });
-    if let Some((name, half, cfg)) = plan {
-        let x_dims = [g.n, g.c_in, g.h * g.w];
-        return relayout(be, Scratch::X, x, x_dims, g.c_in, half, |xt| {
+    let plan = forward_plan(be, g);
+    let keep = keep.filter(|_| kept_copy(be, g) == plan.x_copy());
+    match plan {
+        ForwardPlan::Gemm { name, cfg } => launch!(be, name, cfg, what; &s, x, w, bias, y),
+        ForwardPlan::Rows { plan: p, rw } => {
+            XCopy::Rows { half: p.half, rw }.with(be, g, x, keep, |xc| {
+                let wg = RowGeom::filters(g, rw);
+                cut_rows(
+                    be,
+                    Scratch::W,
+                    w,
+                    &wg,
+                    p.half,
+                    |wr| launch!(be, p.name, p.cfg, what; &s, xc, wr, bias, y),
+                )
+            })
+        }
+        ForwardPlan::Vec(p) => XCopy::Nhwc { half: p.half }.with(be, g, x, keep, |xc| {
             relayout(
                 be,
                 Scratch::W,
                 w,
                 [g.c_out, cg, kk],
                 cg,
-                half,
-                |wt| launch!(be, name, cfg, what; &s, xt, wt, bias, y),
+                p.half,
+                |wt| launch!(be, p.name, p.cfg, what; &s, xc, wt, bias, y),
             )
-        });
+        }),
     }
-    launch!(be, be.gemm_kernel(gemm_names!("conv_forward"), wide), cfg, what; &s, x, w, bias, y)
+}
+
+/// The forward's kernel for a shape: on the vector engine from window rows
+/// `rw` long (conv1) or from x in NHWC, or on the NCHW GEMM engine.
+enum ForwardPlan {
+    Rows {
+        plan: VecPlan,
+        rw: usize,
+    },
+    Vec(VecPlan),
+    Gemm {
+        name: &'static str,
+        cfg: LaunchConfig,
+    },
+}
+
+impl ForwardPlan {
+    /// The operand copy of x the forward reads, if any.
+    fn x_copy(&self) -> Option<XCopy> {
+        match self {
+            ForwardPlan::Rows { plan, rw } => Some(XCopy::Rows {
+                half: plan.half,
+                rw: *rw,
+            }),
+            ForwardPlan::Vec(plan) => Some(XCopy::Nhwc { half: plan.half }),
+            ForwardPlan::Gemm { .. } => None,
+        }
+    }
+}
+
+fn forward_plan(be: &CudaBackend, g: &ConvGeom) -> ForwardPlan {
+    let (fg, pixels) = (g.c_out / g.groups, g.n * g.out_h() * g.out_w());
+    let (cfg, wide) = tiles(be, fg, pixels, g.groups);
+    if let Some((name, half, rw)) = row_path(be, g, "conv_forward", wide, Some(cfg.grid_dim)) {
+        let cfg = vec_cfg(cfg, name);
+        let plan = VecPlan { name, half, cfg };
+        return ForwardPlan::Rows { plan, rw };
+    }
+    let cg = g.c_in / g.groups;
+    let fits = [cg.is_multiple_of(4), cg.is_multiple_of(8)];
+    if let Some(plan) = transposed(be, "conv_forward_nhwc", fg, pixels, g.groups, fits) {
+        return ForwardPlan::Vec(plan);
+    }
+    if let Some((name, half)) = channels_last(be, "conv_forward", fits, wide, Some(cfg.grid_dim)) {
+        let cfg = vec_cfg(cfg, name);
+        return ForwardPlan::Vec(VecPlan { name, half, cfg });
+    }
+    let name = be.gemm_kernel(gemm_names!("conv_forward"), wide);
+    ForwardPlan::Gemm { name, cfg }
+}
+
+/// An operand copy of a convolution's x: in NHWC (`transpose`) or cut into
+/// window rows `rw` long (`row_patches`), stored as `operand_elem` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum XCopy {
+    Nhwc { half: bool },
+    Rows { half: bool, rw: usize },
+}
+
+impl XCopy {
+    fn floats(self, be: &CudaBackend, g: &ConvGeom) -> usize {
+        match self {
+            XCopy::Nhwc { half } => operand_elem(be, half).floats(g.x_len()),
+            XCopy::Rows { half, rw } => {
+                operand_elem(be, half).floats(RowGeom::patches(g, rw).len())
+            }
+        }
+    }
+
+    /// Runs `f` with this copy of `g`'s x, made in `keep` where given (a
+    /// forward keeping it for the weight gradient), else in scratch `X`.
+    fn with<R>(
+        self,
+        be: &CudaBackend,
+        g: &ConvGeom,
+        x: &CudaSlice<f32>,
+        keep: Option<&mut CudaSlice<f32>>,
+        f: impl FnOnce(&CudaSlice<f32>) -> Result<R>,
+    ) -> Result<R> {
+        let floats = self.floats(be, g);
+        let write = |dst: &mut CudaSlice<f32>| match self {
+            XCopy::Nhwc { half } => {
+                let dims = [g.n, g.c_in, g.h * g.w];
+                transpose(be, x, dst, dims, g.c_in, operand_elem(be, half), None)
+            }
+            XCopy::Rows { half, rw } => {
+                row_patches(be, x, dst, &RowGeom::patches(g, rw), operand_elem(be, half))
+            }
+        };
+        match keep {
+            Some(k) => {
+                check_len("conv kept copy of x", k, floats)?;
+                write(k)?;
+                f(k)
+            }
+            None => be.with_scratch(Scratch::X, floats, |t| {
+                write(t)?;
+                f(t)
+            }),
+        }
+    }
+}
+
+/// The copy of x that `g`'s forward makes and its weight gradient reads
+/// again, where both read the same one: what the forward can keep
+/// (`conv_forward_keep`) to spare the backward a relayout of x. At batch
+/// 256 in TF32 those relayouts were 0.43 ms of a 14.1 ms step (conv1's
+/// window rows 0.19, conv2–5's NHWC transposes about 0.23; `…-v18/final/`).
+fn kept_copy(be: &CudaBackend, g: &ConvGeom) -> Option<XCopy> {
+    let forward = forward_plan(be, g).x_copy()?;
+    match filter_plan(be, g) {
+        FilterPlan::Vec(f) if f.x_copy() == forward => Some(forward),
+        _ => None,
+    }
+}
+
+/// Floats of the copy `kept_copy` names (0 where there is none).
+pub(super) fn kept_len(be: &CudaBackend, g: &ConvGeom) -> usize {
+    kept_copy(be, g).map_or(0, |c| c.floats(be, g))
 }
 
 /// `dx` from `dy`; with `relu_of` = x (the output of the ReLU before the
@@ -430,6 +538,40 @@ fn dy_nhwc<R>(
     relayout(be, Scratch::Dy, dy, dims, g.c_out, half, f)
 }
 
+/// As `dy_nhwc`, and then `db` from the per-channel partial sums that the
+/// relayout wrote on its way through dy (`conv_backward_bias` over them
+/// instead of over dy: at batch 256 in TF32 its passes over dy were 0.23
+/// ms of a 13.2 ms step, `…-v19/`).
+fn dy_nhwc_bias<R>(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    dy: &CudaSlice<f32>,
+    half: bool,
+    db: &mut CudaSlice<f32>,
+    f: impl FnOnce(&CudaSlice<f32>) -> Result<R>,
+) -> Result<R> {
+    let hw = g.out_h() * g.out_w();
+    let tiles = hw.div_ceil(TRANSPOSE_COLS);
+    let elem = operand_elem(be, half);
+    be.with_scratch(Scratch::Sums, g.n * g.c_out * tiles, |sums| {
+        let r = be.with_scratch(Scratch::Dy, elem.floats(g.n * g.c_out * hw), |t| {
+            transpose(
+                be,
+                dy,
+                t,
+                [g.n, g.c_out, hw],
+                g.c_out,
+                elem,
+                Some(&mut *sums),
+            )?;
+            f(t)
+        })?;
+        let what = || format!("{g:?} bias from {tiles} partial sums per image");
+        channel_sums(be, sums, db, [g.n, g.c_out, tiles], &what)?;
+        Ok(r)
+    })
+}
+
 /// Runs `f` with `src` transposed per matrix (`[batches, rows, cols]` →
 /// `[batches, cols, rows_out]`, zero-padded rows) into scratch `slot`,
 /// stored as `operand_elem` says.
@@ -444,7 +586,7 @@ fn relayout<R>(
 ) -> Result<R> {
     let elem = operand_elem(be, half);
     be.with_scratch(slot, elem.floats(dims[0] * rows_out * dims[2]), |t| {
-        transpose(be, src, t, dims, rows_out, elem)?;
+        transpose(be, src, t, dims, rows_out, elem, None)?;
         f(t)
     })
 }
@@ -465,10 +607,12 @@ fn blocks(cfg: &LaunchConfig) -> usize {
     x as usize * y as usize * z as usize
 }
 
+/// `dw`; with `kept`, x's operand copy from the forward (`kept_copy`).
 pub(super) fn conv_backward_filter(
     be: &CudaBackend,
     g: &ConvGeom,
     x: &CudaSlice<f32>,
+    kept: Option<&CudaSlice<f32>>,
     dy: &CudaSlice<f32>,
     dw: &mut CudaSlice<f32>,
 ) -> Result<()> {
@@ -482,8 +626,39 @@ pub(super) fn conv_backward_filter(
             filter_launch(be, name, cfg, &s, x, dy, dw, splits, &what)
         }
         FilterPlan::Vec(f) => dy_nhwc(be, g, dy, f.plan.half, |dyt| {
-            filter_from_nhwc(be, g, &s, &f, x, dyt, dw)
+            filter_from_nhwc(be, g, &s, &f, x, kept, dyt, dw)
         }),
+    }
+}
+
+/// `dw` and `db`: with dy relaid out once for both where the weight
+/// gradient reads it in NHWC (`dy_nhwc_bias`), else as the separate
+/// launchers.
+#[allow(clippy::too_many_arguments)] // the layer's tensors and gradients
+fn filter_and_bias(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    x: &CudaSlice<f32>,
+    kept: Option<&CudaSlice<f32>>,
+    dy: &CudaSlice<f32>,
+    dw: &mut CudaSlice<f32>,
+    db: &mut CudaSlice<f32>,
+) -> Result<()> {
+    match filter_plan(be, g) {
+        FilterPlan::Vec(f) => {
+            let s = shape(g)?;
+            check_len("conv_backward x", x, g.x_len())?;
+            check_len("conv_backward dy", dy, g.y_len())?;
+            check_len("conv_backward dw", dw, g.w_len())?;
+            check_len("conv_backward db", db, g.c_out)?;
+            dy_nhwc_bias(be, g, dy, f.plan.half, db, |dyt| {
+                filter_from_nhwc(be, g, &s, &f, x, kept, dyt, dw)
+            })
+        }
+        FilterPlan::Gemm { .. } => {
+            conv_backward_filter(be, g, x, kept, dy, dw)?;
+            conv_backward_bias(be, g, dy, db)
+        }
     }
 }
 
@@ -504,6 +679,17 @@ struct VecFilter {
     plan: VecPlan,
     rows: Option<usize>,
     splits: u32,
+}
+
+impl VecFilter {
+    /// The operand copy of x it reads.
+    fn x_copy(&self) -> XCopy {
+        let half = self.plan.half;
+        match self.rows {
+            Some(rw) => XCopy::Rows { half, rw },
+            None => XCopy::Nhwc { half },
+        }
+    }
 }
 
 fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
@@ -553,42 +739,37 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
     FilterPlan::Gemm { name, cfg, splits }
 }
 
-/// A vector-engine weight gradient from dy already in NHWC (`dyt`): cuts
-/// or relays x out and launches.
+/// A vector-engine weight gradient from dy already in NHWC (`dyt`): reads
+/// x's operand copy from `kept` where the forward kept it, else makes it,
+/// and launches.
+#[allow(clippy::too_many_arguments)] // the product's operands and plan
 fn filter_from_nhwc(
     be: &CudaBackend,
     g: &ConvGeom,
     s: &ConvShape,
     f: &VecFilter,
     x: &CudaSlice<f32>,
+    kept: Option<&CudaSlice<f32>>,
     dyt: &CudaSlice<f32>,
     dw: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let (plan, splits) = (&f.plan, f.splits);
     let what = || format!("{g:?} splits={splits}");
-    let run = |xt: &CudaSlice<f32>, dw: &mut CudaSlice<f32>| {
-        filter_launch(be, plan.name, plan.cfg, s, xt, dyt, dw, splits, &what)
-    };
-    match f.rows {
-        Some(rw) => cut_rows(
-            be,
-            Scratch::X,
-            x,
-            &RowGeom::patches(g, rw),
-            plan.half,
-            |p| run(p, dw),
-        ),
-        None => {
-            let x_dims = [g.n, g.c_in, g.h * g.w];
-            relayout(be, Scratch::X, x, x_dims, g.c_in, plan.half, |xt| {
-                run(xt, dw)
-            })
+    let mut run =
+        |xc: &CudaSlice<f32>| filter_launch(be, plan.name, plan.cfg, s, xc, dyt, dw, splits, &what);
+    let copy = f.x_copy();
+    match kept.filter(|_| kept_copy(be, g) == Some(copy)) {
+        Some(k) => {
+            check_len("conv kept copy of x", k, copy.floats(be, g))?;
+            run(k)
         }
+        None => copy.with(be, g, x, None, run),
     }
 }
 
 /// The whole backward of a convolution: `dw`, `db` and, when given, `dx`
-/// (with `relu`, through the backward of the ReLU whose output x is).
+/// (with `relu`, through the backward of the ReLU whose output x is);
+/// `kept` as `conv_backward_filter` takes it.
 /// Where the data and weight gradients both read dy in NHWC of the same
 /// type, it is relaid out once for both (else as the separate launchers).
 #[allow(clippy::too_many_arguments)] // the layer's tensors and gradients
@@ -596,6 +777,7 @@ pub(super) fn conv_backward(
     be: &CudaBackend,
     g: &ConvGeom,
     x: &CudaSlice<f32>,
+    kept: Option<&CudaSlice<f32>>,
     dy: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
     dw: &mut CudaSlice<f32>,
@@ -620,15 +802,14 @@ pub(super) fn conv_backward(
             check_len("conv_backward w", w, g.w_len())?;
             check_len("conv_backward dw", dw, g.w_len())?;
             check_len("conv_backward dx", dx, g.x_len())?;
-            dy_nhwc(be, g, dy, dplan.half, |dyt| {
+            check_len("conv_backward db", db, g.c_out)?;
+            dy_nhwc_bias(be, g, dy, dplan.half, db, |dyt| {
                 data_from_nhwc(be, g, &s, &dplan, dyt, w, dx, x)?;
-                filter_from_nhwc(be, g, &shape(g)?, &fplan, x, dyt, dw)
-            })?;
-            conv_backward_bias(be, g, dy, db)
+                filter_from_nhwc(be, g, &shape(g)?, &fplan, x, kept, dyt, dw)
+            })
         }
         (dx, _, _) => {
-            conv_backward_filter(be, g, x, dy, dw)?;
-            conv_backward_bias(be, g, dy, db)?;
+            filter_and_bias(be, g, x, kept, dy, dw, db)?;
             match dx {
                 Some(dx) => conv_backward_data(be, g, dy, w, dx, relu_of),
                 None => Ok(()),
@@ -670,28 +851,40 @@ pub(super) fn conv_backward_bias(
 ) -> Result<()> {
     check_len("conv_backward_bias dy", dy, g.y_len())?;
     check_len("conv_backward_bias db", db, g.c_out)?;
-    let hw = g.out_h() * g.out_w();
+    let what = || format!("{g:?}");
+    channel_sums(be, dy, db, [g.n, g.c_out, g.out_h() * g.out_w()], &what)
+}
+
+/// `db[c] = Σ_{i,p} t[i][c][p]` over an `[n, c, hw]` tensor at the start of
+/// `t`: dy itself, or its partial sums from the relayout (`hw` = tiles).
+fn channel_sums(
+    be: &CudaBackend,
+    t: &CudaSlice<f32>,
+    db: &mut CudaSlice<f32>,
+    [n, c, hw]: [usize; 3],
+    what: &dyn Fn() -> String,
+) -> Result<()> {
     // Enough (channel, image-slice) blocks for ~8 per SM, each slice still
     // at least 4096 elements.
-    let want = (8 * be.sm_count() as usize).div_ceil(g.c_out);
-    let splits = want.min(g.n * hw / 4096).clamp(1, g.n);
-    let per = g.n.div_ceil(splits);
-    let splits = g.n.div_ceil(per);
-    let (n, c, per32) = (g.n as u32, g.c_out as u32, per as u32);
+    let want = (8 * be.sm_count() as usize).div_ceil(c);
+    let splits = want.min(n * hw / 4096).clamp(1, n);
+    let per = n.div_ceil(splits);
+    let splits = n.div_ceil(per);
+    let (n32, c32, per32) = (n as u32, c as u32, per as u32);
     let hw32 = super::FastDiv::new(hw as u32);
     let cfg = LaunchConfig {
-        grid_dim: (c, splits as u32, 1),
+        grid_dim: (c32, splits as u32, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 32 * 4,
     };
-    let what = || format!("{g:?} splits={splits}");
+    let what = || format!("{} splits={splits}", what());
     if splits == 1 {
-        return launch!(be, "conv_backward_bias", cfg, what; dy, db, &n, &c, &hw32, &per32);
+        return launch!(be, "conv_backward_bias", cfg, what; t, db, &n32, &c32, &hw32, &per32);
     }
     let parts = splits as u32;
-    be.with_workspace(g.c_out * splits, |ws| {
-        launch!(be, "conv_backward_bias", cfg, what; dy, &mut *ws, &n, &c, &hw32, &per32)?;
-        launch!(be, "splitk_reduce", grid_1d(be, g.c_out), what; &*ws, &mut *db, &g.c_out, &parts, &0u64, &1u32)
+    be.with_workspace(c * splits, |ws| {
+        launch!(be, "conv_backward_bias", cfg, what; t, &mut *ws, &n32, &c32, &hw32, &per32)?;
+        launch!(be, "splitk_reduce", grid_1d(be, c), what; &*ws, &mut *db, &c, &parts, &0u64, &1u32)
     })
 }
 

@@ -103,10 +103,15 @@ pub(super) fn row_patches(
     launch!(be, name, cfg, || format!("{g:?}"); src, dst, &shape)
 }
 
+/// Columns of a `transpose` tile: `sums` holds `⌈cols/TRANSPOSE_COLS⌉`
+/// partial sums per row.
+pub(super) const TRANSPOSE_COLS: usize = 64;
+
 /// `dst[b][j][i] = src[b][i][j]` for `batches` row-major `rows × cols`
 /// matrices at the start of `src` and `dst` (which may be longer), each
 /// output row padded with zeros to `rows_out` ≥ `rows` elements; stored as
-/// `elem`.
+/// `elem`. With `sums`, also each source row's partial sums over tiles of
+/// `TRANSPOSE_COLS` columns, `sums[b][i][tile]`.
 pub(super) fn transpose(
     be: &CudaBackend,
     src: &CudaSlice<f32>,
@@ -114,6 +119,7 @@ pub(super) fn transpose(
     [batches, rows, cols]: [usize; 3],
     rows_out: usize,
     elem: Elem,
+    sums: Option<&mut CudaSlice<f32>>,
 ) -> Result<()> {
     let (len, out) = (batches * rows * cols, batches * rows_out * cols);
     let out_floats = elem.floats(out);
@@ -127,14 +133,11 @@ pub(super) fn transpose(
         batches <= 65_535,
         "transpose: {batches} matrices exceed grid z (65535)"
     );
+    let tiles = cols.div_ceil(TRANSPOSE_COLS);
     let cfg = LaunchConfig {
-        grid_dim: (
-            cols.div_ceil(32) as u32,
-            rows_out.div_ceil(32) as u32,
-            batches as u32,
-        ),
+        grid_dim: (tiles as u32, rows_out.div_ceil(32) as u32, batches as u32),
         block_dim: (32, 8, 1),
-        shared_mem_bytes: 32 * 33 * 4,
+        shared_mem_bytes: (32 * (TRANSPOSE_COLS + 1) * 4) as u32,
     };
     let (r, c, ro) = (rows as u32, cols as u32, rows_out as u32);
     let name = match elem {
@@ -142,7 +145,18 @@ pub(super) fn transpose(
         Elem::Tf32 => "transpose_tf32",
         Elem::Bf16 => "transpose_bf16",
     };
-    launch!(be, name, cfg, || format!("{batches}x{rows}x{cols} -> {rows_out}"); src, dst, &r, &c, &ro)
+    let what = || format!("{batches}x{rows}x{cols} -> {rows_out}");
+    match sums {
+        Some(sums) => {
+            ensure!(
+                sums.len() >= batches * rows * tiles,
+                "transpose: {} floats for {batches}×{rows}×{tiles} row sums",
+                sums.len()
+            );
+            launch!(be, name, cfg, what; src, dst, &r, &c, &ro, sums)
+        }
+        None => launch!(be, name, cfg, what; src, dst, &r, &c, &ro, &0u64),
+    }
 }
 
 /// `dst` (raw bf16 storage, two values per float) = `src` rounded to bf16.

@@ -310,7 +310,7 @@ pub struct CudaBackend {
     wgmma: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
-    scratch: [Mutex<Option<CudaSlice<f32>>>; 3],
+    scratch: [Mutex<Option<CudaSlice<f32>>>; 4],
     /// The per-step values that dropout and SGD kernels read (`graph.rs`).
     step_values: Mutex<graph::StepValues>,
     /// Set while a step graph is captured: writing the per-step values and
@@ -332,6 +332,8 @@ enum Scratch {
     Dy = 1,
     /// The filter bank in a product's k order.
     W = 2,
+    /// dy's per-channel partial sums from its relayout (the bias gradient).
+    Sums = 3,
 }
 
 /// Tile height of the GEMM engine's products (conv and fc): 64 or 128 rows
@@ -708,7 +710,29 @@ impl CudaBackend {
         [batches, rows, cols]: [usize; 3],
         elem: Elem,
     ) -> Result<()> {
-        layout::transpose(self, src, dst, [batches, rows, cols], rows, elem)
+        layout::transpose(self, src, dst, [batches, rows, cols], rows, elem, None)
+    }
+
+    /// `transpose` that also writes each source row's partial sums over
+    /// tiles of 64 columns, `sums[b][i][tile]` (what the bias gradient adds
+    /// up from dy's relayout).
+    pub fn transpose_sums(
+        &self,
+        src: &CudaSlice<f32>,
+        dst: &mut CudaSlice<f32>,
+        [batches, rows, cols]: [usize; 3],
+        elem: Elem,
+        sums: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        layout::transpose(
+            self,
+            src,
+            dst,
+            [batches, rows, cols],
+            rows,
+            elem,
+            Some(sums),
+        )
     }
 }
 
@@ -916,7 +940,7 @@ impl Backend for CudaBackend {
         bias: &Self::Buf,
         y: &mut Self::Buf,
     ) -> Result<()> {
-        conv::conv_forward(self, g, x, w, bias, y, false)
+        conv::conv_forward(self, g, x, w, bias, y, false, None)
     }
     fn conv_forward_relu(
         &self,
@@ -926,7 +950,22 @@ impl Backend for CudaBackend {
         bias: &Self::Buf,
         y: &mut Self::Buf,
     ) -> Result<()> {
-        conv::conv_forward(self, g, x, w, bias, y, true)
+        conv::conv_forward(self, g, x, w, bias, y, true, None)
+    }
+    fn conv_kept_len(&self, g: &ConvGeom) -> usize {
+        conv::kept_len(self, g)
+    }
+    fn conv_forward_keep(
+        &self,
+        g: &ConvGeom,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        bias: &Self::Buf,
+        y: &mut Self::Buf,
+        relu: bool,
+        kept: &mut Self::Buf,
+    ) -> Result<()> {
+        conv::conv_forward(self, g, x, w, bias, y, relu, Some(kept))
     }
     fn conv_backward_data(
         &self,
@@ -944,7 +983,7 @@ impl Backend for CudaBackend {
         dy: &Self::Buf,
         dw: &mut Self::Buf,
     ) -> Result<()> {
-        conv::conv_backward_filter(self, g, x, dy, dw)
+        conv::conv_backward_filter(self, g, x, None, dy, dw)
     }
     fn conv_backward_bias(&self, g: &ConvGeom, dy: &Self::Buf, db: &mut Self::Buf) -> Result<()> {
         conv::conv_backward_bias(self, g, dy, db)
@@ -960,7 +999,21 @@ impl Backend for CudaBackend {
         dx: Option<&mut Self::Buf>,
         relu: bool,
     ) -> Result<()> {
-        conv::conv_backward(self, g, x, dy, w, dw, db, dx, relu)
+        conv::conv_backward(self, g, x, None, dy, w, dw, db, dx, relu)
+    }
+    fn conv_backward_kept(
+        &self,
+        g: &ConvGeom,
+        x: &Self::Buf,
+        kept: &Self::Buf,
+        dy: &Self::Buf,
+        w: &Self::Buf,
+        dw: &mut Self::Buf,
+        db: &mut Self::Buf,
+        dx: Option<&mut Self::Buf>,
+        relu: bool,
+    ) -> Result<()> {
+        conv::conv_backward(self, g, x, Some(kept), dy, w, dw, db, dx, relu)
     }
     fn fc_forward(
         &self,
