@@ -408,6 +408,15 @@ fn main() -> Result<()> {
         b.run("maxpool_backward", name, 0.0, bwd, |be| {
             be.maxpool_backward(&g, &arg, &dy, &mut dx)
         })?;
+        // With the ReLU before the pool (reads y as well).
+        let bwd_relu = bwd + 4.0 * g.y_len() as f64;
+        b.run(
+            "maxpool_backward",
+            &format!("{name} +relu"),
+            0.0,
+            bwd_relu,
+            |be| be.maxpool_backward_relu(&g, &arg, &x, &y, &dy, &mut dx),
+        )?;
     }
 
     // One step throughout: a new step would add the write of the per-step

@@ -1398,6 +1398,21 @@ fn maxpool_backward(c: &mut Ctx) -> Result<()> {
         c.gpu.maxpool_backward(&g, &garg, &gdy, &mut gdx)?;
         let got = c.gpu.download(&gdx)?;
         c.check("maxpool_backward", case, &got, &want, 1e-6);
+        // Through the ReLU before the pool (its output x: about half zeros,
+        // so some windows are all zero and must pass nothing): against the
+        // reference's pool backward followed by its ReLU backward.
+        let xr: Vec<f32> = x.iter().map(|v| v.max(0.0)).collect();
+        c.cpu.maxpool_forward(&g, &xr, &mut y, &mut arg)?;
+        c.cpu
+            .maxpool_backward_relu(&g, &arg, &xr, &y, &dy, &mut want)?;
+        let (garg, gx, gy) = (c.gpu.upload(&arg)?, c.gpu.upload(&xr)?, c.gpu.upload(&y)?);
+        let mut gdx = c.gpu.poisoned(g.x_len())?;
+        c.gpu
+            .maxpool_backward_relu(&g, &garg, &gx, &gy, &gdy, &mut gdx)?;
+        let got = c.gpu.download(&gdx)?;
+        let case = format!("{case} +relu");
+        c.check("maxpool_backward", &case, &got, &want, 1e-6);
+        c.check_relu_mask("maxpool_backward", &case, &got, &xr);
     }
     Ok(())
 }

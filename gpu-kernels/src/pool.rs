@@ -7,7 +7,9 @@
 //! inside the window, stored as an f32 (exact for any window up to 2^24
 //! elements). Backward without atomics (so it is deterministic): each `dx`
 //! element is written once, as the sum in window order of the `dy` of the
-//! windows whose saved offset points at it; it reads neither x nor y.
+//! windows whose saved offset points at it; it reads neither x nor y, except
+//! that with the backward of the ReLU before the pool fused in (`z` not
+//! null) it reads y (`z`) to drop the windows whose maximum is ≤ 0.
 //!
 //! Mapping: a 1-D grid-stride loop over every work item of every plane
 //! (N·C planes flattened, so small planes such as pool5's 13×13 fill whole
@@ -133,15 +135,55 @@ unsafe fn forward_any(x: *const f32, y: *mut f32, arg: *mut f32, g: &PoolGeom) {
 pub unsafe extern "ptx-kernel" fn maxpool_backward(
     arg: *const f32,
     dy: *const f32,
+    z: *const f32,
     dx: *mut f32,
     g: PoolGeom,
 ) {
+    let dy = Grad {
+        dy,
+        z,
+        relu: !z.is_null(),
+    };
     unsafe {
         match (g.size, g.stride) {
             (3, 2) => backward_s2::<3>(arg, dy, dx, &g),
             (2, 2) => backward_s2::<2>(arg, dy, dx, &g),
             (size, stride) if size <= 2 * stride => backward_blocked(arg, dy, dx, &g),
             _ => backward_per_input(arg, dy, dx, &g),
+        }
+    }
+}
+
+/// The pooled gradient `dy`, and with `relu` the pooled output `z` of a
+/// ReLU's output: then a window passes its `dy` on only where `z > 0`. That
+/// is the ReLU's backward (`dx = 0` where x ≤ 0) done here, since the input
+/// a window routes to is its maximum, whose x equals the window's z.
+#[derive(Clone, Copy)]
+struct Grad {
+    dy: *const f32,
+    z: *const f32,
+    relu: bool,
+}
+
+impl Grad {
+    /// Element `o`'s gradient (masked as above).
+    #[inline(always)]
+    unsafe fn at(self, o: usize) -> f32 {
+        let d = unsafe { *self.dy.add(o) };
+        if self.relu && !(unsafe { *self.z.add(o) } > 0.0) {
+            0.0
+        } else {
+            d
+        }
+    }
+
+    /// The same from element `off` on.
+    #[inline(always)]
+    fn offset(self, off: usize) -> Grad {
+        Grad {
+            dy: self.dy.wrapping_add(off),
+            z: self.z.wrapping_add(off),
+            relu: self.relu,
         }
     }
 }
@@ -153,7 +195,7 @@ pub unsafe extern "ptx-kernel" fn maxpool_backward(
 /// window (a, b) meets the block. Missing windows (outside the pooled
 /// plane) are not loaded and give 0.
 #[inline(always)]
-unsafe fn backward_s2<const P: usize>(arg: *const f32, dy: *const f32, dx: *mut f32, g: &PoolGeom) {
+unsafe fn backward_s2<const P: usize>(arg: *const f32, dy: Grad, dx: *mut f32, g: &PoolGeom) {
     let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
     let (mut i, step) = grid_stride_u32();
     while i < g.items {
@@ -167,7 +209,7 @@ unsafe fn backward_s2<const P: usize>(arg: *const f32, dy: *const f32, dx: *mut 
         let load = |u: u32, v: u32| {
             let (r, c) = ((a + u).wrapping_sub(1), (b + v).wrapping_sub(1));
             let o = (out + r.min(g.oh - 1) * g.ow + c.min(g.ow - 1)) as usize;
-            let (at, d) = unsafe { (*arg.add(o), *dy.add(o)) };
+            let (at, d) = unsafe { (*arg.add(o), dy.at(o)) };
             // `&`, not `&&`: no short circuit to sink the loads under.
             if (r < g.oh) & (c < g.ow) {
                 (at, d)
@@ -217,7 +259,7 @@ unsafe fn backward_s2<const P: usize>(arg: *const f32, dy: *const f32, dx: *mut 
 /// when it points outside the block or the window does not exist) and sums,
 /// per input, the `dy` of the windows whose key matches.
 #[inline(always)]
-unsafe fn backward_blocked(arg: *const f32, dy: *const f32, dx: *mut f32, g: &PoolGeom) {
+unsafe fn backward_blocked(arg: *const f32, dy: Grad, dx: *mut f32, g: &PoolGeom) {
     const NONE: u32 = u32::MAX;
     let s = g.stride;
     // Never taken (the host checks the geometry); it lets LLVM drop the
@@ -241,10 +283,10 @@ unsafe fn backward_blocked(arg: *const f32, dy: *const f32, dx: *mut f32, g: &Po
         let (r_ok, c_ok) = (rs.map(|r| r < g.oh), cs.map(|c| c < g.ow));
         let (rl, cl) = (rs.map(|r| r.min(g.oh - 1)), cs.map(|c| c.min(g.ow - 1)));
         let off = plane * (g.oh * g.ow);
-        let (dyp, argp) = unsafe { (dy.add(off as usize), arg.add(off as usize)) };
+        let (dyp, argp) = (dy.offset(off as usize), unsafe { arg.add(off as usize) });
         let load = |u: usize, v: usize| {
             let o = (rl[u] * g.ow + cl[v]) as usize;
-            unsafe { (*argp.add(o), *dyp.add(o)) }
+            unsafe { (*argp.add(o), dyp.at(o)) }
         };
         let wins = [load(0, 0), load(0, 1), load(1, 0), load(1, 1)];
         // Window (rs[u], cs[v])'s block-local key and dy.
@@ -291,7 +333,7 @@ unsafe fn backward_blocked(arg: *const f32, dy: *const f32, dx: *mut f32, g: &Po
 /// r with `r·stride ≤ ih < r·stride + size` (and likewise columns), in window
 /// order, adding the `dy` of each whose saved offset points at it.
 #[inline(always)]
-unsafe fn backward_per_input(arg: *const f32, dy: *const f32, dx: *mut f32, g: &PoolGeom) {
+unsafe fn backward_per_input(arg: *const f32, dy: Grad, dx: *mut f32, g: &PoolGeom) {
     let PoolGeom {
         h,
         w,
@@ -321,7 +363,7 @@ unsafe fn backward_per_input(arg: *const f32, dy: *const f32, dx: *mut f32, g: &
         };
         let c_hi = (iw / stride).min(ow - 1);
         let off = plane * (oh * ow);
-        let (dyp, argp) = unsafe { (dy.add(off as usize), arg.add(off as usize)) };
+        let (dyp, argp) = (dy.offset(off as usize), unsafe { arg.add(off as usize) });
         let mut acc = 0.0f32;
         let mut r = r_lo;
         while r <= r_hi {
@@ -329,7 +371,7 @@ unsafe fn backward_per_input(arg: *const f32, dy: *const f32, dx: *mut f32, g: &
             while c <= c_hi {
                 let here = ((ih - r * stride) * size + iw - c * stride) as f32;
                 let o = (r * ow + c) as usize;
-                let (a, d) = unsafe { (*argp.add(o), *dyp.add(o)) };
+                let (a, d) = unsafe { (*argp.add(o), dyp.at(o)) };
                 if a == here {
                     acc += d;
                 }

@@ -52,8 +52,9 @@ struct Slot {
     /// ([`Backend::conv_kept_len`]).
     saved: Option<usize>,
     /// A ReLU layer whose forward pass the conv layer before it does (in its
-    /// epilogue), and whose backward pass the LRN or conv layer after it
-    /// does (LRN in its pass, conv in its data gradient's epilogue).
+    /// epilogue), and whose backward pass the LRN, conv or max-pool layer
+    /// after it does (LRN and pool in their pass, conv in its data
+    /// gradient's epilogue).
     relu_in_prev: bool,
     relu_in_next: bool,
     /// An LRN layer that also does the max pool after it, both ways
@@ -234,8 +235,10 @@ impl<B: Backend> Model<B> {
                 let prev = i.checked_sub(1).map(|p| &layers[p].kind);
                 let next = layers.get(i + 1).map(|l| &l.kind);
                 slots[i].relu_in_prev = matches!(prev, Some(LayerKind::Conv(_)));
-                slots[i].relu_in_next =
-                    matches!(next, Some(LayerKind::Lrn(_) | LayerKind::Conv(_)));
+                slots[i].relu_in_next = matches!(
+                    next,
+                    Some(LayerKind::Lrn(_) | LayerKind::Conv(_) | LayerKind::MaxPool(_))
+                );
             }
             if pool_in_lrn[i] {
                 slots[i].pool_in_lrn = true;
@@ -510,7 +513,13 @@ impl<B: Backend> Model<B> {
                 LayerKind::MaxPool(_) => {
                     let g = l.pool_geom(n).unwrap();
                     let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
-                    be.maxpool_backward(&g, &self.saved[s.saved.unwrap()], dy, dx)?;
+                    let arg = &self.saved[s.saved.unwrap()];
+                    if i > 0 && self.slots[i - 1].relu_in_next {
+                        let (x, y) = (&self.acts[s.src], &self.acts[s.dst]);
+                        be.maxpool_backward_relu(&g, arg, x, y, dy, dx)?;
+                    } else {
+                        be.maxpool_backward(&g, arg, dy, dx)?;
+                    }
                 }
             }
         }

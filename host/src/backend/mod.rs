@@ -618,6 +618,24 @@ pub trait Backend {
         dy: &Self::Buf,
         dx: &mut Self::Buf,
     ) -> Result<()>;
+    /// `maxpool_backward` followed by the backward of the ReLU whose output
+    /// the pool's input `x` is (`dx = 0` where x ≤ 0); `y` is the pool's
+    /// output. The GPU does both in one pass (masking by `y`: a window's
+    /// gradient goes to its maximum, whose x is the window's y).
+    #[allow(clippy::too_many_arguments)] // the pool's tensors and gradients
+    fn maxpool_backward_relu(
+        &self,
+        g: &PoolGeom,
+        arg: &Self::Buf,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = y;
+        self.maxpool_backward(g, arg, dy, dx)?;
+        self.relu_backward(x, dx)
+    }
 
     /// Inverted dropout in place.
     fn dropout_forward(&self, p: &DropoutParams, y: &mut Self::Buf) -> Result<()>;

@@ -1124,7 +1124,19 @@ impl Backend for CudaBackend {
         dy: &Self::Buf,
         dx: &mut Self::Buf,
     ) -> Result<()> {
-        pool::maxpool_backward(self, g, arg, dy, dx)
+        pool::maxpool_backward(self, g, arg, dy, None, dx)
+    }
+    fn maxpool_backward_relu(
+        &self,
+        g: &PoolGeom,
+        arg: &Self::Buf,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()> {
+        check_len("maxpool_backward x", x, g.x_len())?;
+        pool::maxpool_backward(self, g, arg, dy, Some(y), dx)
     }
     fn dropout_forward(&self, p: &DropoutParams, y: &mut Self::Buf) -> Result<()> {
         dropout::dropout_forward(self, p, y)

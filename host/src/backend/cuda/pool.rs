@@ -1,6 +1,7 @@
 //! Launchers for `maxpool_forward` (one thread per output; also saves each
 //! window's argmax offset) and `maxpool_backward` (routing `dy` by the saved
-//! offsets; one thread per `stride × stride` block of inputs when
+//! offsets, optionally through the backward of a ReLU before the pool;
+//! one thread per `stride × stride` block of inputs when
 //! size ≤ 2·stride, else one per input): 256-thread blocks over the work
 //! items of all planes, flattened (the kernel splits an item's index into
 //! plane, row and column with the [`FastDiv`]s given here).
@@ -74,22 +75,31 @@ pub(super) fn maxpool_forward(
         x, y, arg, &s)
 }
 
+/// `dx` from `dy`; with `relu_z` = the pool's output y (of a ReLU's output
+/// x), also that ReLU's backward (`dx = 0` where x ≤ 0) in the same pass.
 pub(super) fn maxpool_backward(
     be: &CudaBackend,
     g: &PoolGeom,
     arg: &CudaSlice<f32>,
     dy: &CudaSlice<f32>,
+    relu_z: Option<&CudaSlice<f32>>,
     dx: &mut CudaSlice<f32>,
 ) -> Result<()> {
     check_len("maxpool_backward arg", arg, g.y_len())?;
     check_len("maxpool_backward dy", dy, g.y_len())?;
     check_len("maxpool_backward dx", dx, g.x_len())?;
+    if let Some(z) = relu_z {
+        check_len("maxpool_backward y", z, g.y_len())?;
+    }
     // Items per plane: the kernel picks its mapping by the same test.
     let s = if g.size <= 2 * g.stride {
         shape(g, g.h.div_ceil(g.stride), g.w.div_ceil(g.stride))?
     } else {
         shape(g, g.h, g.w)?
     };
-    launch!(be, "maxpool_backward", items_grid(&s), || format!("{g:?}");
-        arg, dy, dx, &s)
+    let (cfg, what) = (items_grid(&s), || format!("{g:?}"));
+    match relu_z {
+        Some(z) => launch!(be, "maxpool_backward", cfg, what; arg, dy, z, dx, &s),
+        None => launch!(be, "maxpool_backward", cfg, what; arg, dy, &0u64, dx, &s),
+    }
 }
