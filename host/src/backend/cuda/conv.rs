@@ -1,7 +1,8 @@
 //! Launchers for the implicit-GEMM convolution kernels (`conv_forward`,
 //! `conv_backward_data`, `conv_backward_filter` + `splitk_reduce`) and
 //! `conv_backward_bias` (blocks per channel and slice of the images,
-//! partials summed by `splitk_reduce`).
+//! partials summed by `splitk_reduce`; in the whole backward it sums the
+//! per-channel partial sums that dy's relayout wrote instead of dy).
 //!
 //! In TF32 and bf16, a product whose channel counts allow it (C_in/G for the
 //! forward and weight gradient, C_out/G for the data gradient and weight
@@ -10,7 +11,8 @@
 //! scratch buffers (`transpose_tf32` in TF32, which rounds the copies to
 //! TF32 once so that the kernels convert nothing), and the `*_nhwc` kernels
 //! copy 16-byte vectors of channels. Results come out in the usual
-//! layouts. In bf16, where the channel counts are multiples of 8, the
+//! layouts. A forward given a buffer for it (`conv_forward_keep`) keeps its
+//! copy of x there for the weight gradient (`kept_copy`). In bf16, where the channel counts are multiples of 8, the
 //! copies are bf16
 //! (`transpose_bf16`; `*_nhwc16_bf16` kernels), halving the bytes and
 //! skipping the conversion in the inner loop.
