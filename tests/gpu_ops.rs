@@ -638,6 +638,25 @@ fn conv_kept_in(c: &mut Ctx, p: Precision) -> Result<()> {
             let got = c.gpu.download(buf)?;
             c.check("conv_kept", &format!("{case}{what}"), &got, want, tol);
         }
+        // A buffer sized under other settings (a precision changed after
+        // the model was built): a longer one is used, a shorter one passed
+        // over (the copy then made in scratch from x, here the real one).
+        for (what, len, x_arg) in [
+            (" longer copy", len + 7, &nan_x),
+            (" short copy", len - 1, &gx),
+        ] {
+            let mut kept = c.gpu.poisoned(len)?;
+            let mut gy = c.gpu.poisoned(g.y_len())?;
+            c.gpu
+                .conv_forward_keep(&g, &gx, &gw, &gb, &mut gy, false, &mut kept)?;
+            let mut gdw = c.gpu.poisoned(g.w_len())?;
+            let mut gdb = c.gpu.poisoned(g.c_out)?;
+            c.gpu
+                .conv_backward_kept(&g, x_arg, &kept, &gdy, &gw, &mut gdw, &mut gdb, None, false)?;
+            let (got_y, got_dw) = (c.gpu.download(&gy)?, c.gpu.download(&gdw)?);
+            c.check("conv_kept", &format!("{case}{what} y"), &got_y, &y, tol);
+            c.check("conv_kept", &format!("{case}{what} dw"), &got_dw, &dw, tol);
+        }
     }
     Ok(())
 }

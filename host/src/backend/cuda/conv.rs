@@ -99,7 +99,7 @@ pub(super) fn conv_forward(
     let what = || format!("{g:?}");
     let (cg, kk) = (g.c_in / g.groups, g.k_h * g.k_w);
     let plan = forward_plan(be, g);
-    let keep = keep.filter(|_| kept_copy(be, g) == plan.x_copy());
+    let keep = keep.filter(|k| plan.x_copy().is_some_and(|c| holds_kept(be, g, c, k)));
     match plan {
         ForwardPlan::Gemm { name, cfg } => launch!(be, name, cfg, what; &s, x, w, bias, y),
         ForwardPlan::Rows { plan: p, rw } => {
@@ -218,7 +218,6 @@ impl XCopy {
         };
         match keep {
             Some(k) => {
-                check_len("conv kept copy of x", k, floats)?;
                 write(k)?;
                 f(k)
             }
@@ -241,6 +240,14 @@ fn kept_copy(be: &CudaBackend, g: &ConvGeom) -> Option<XCopy> {
         FilterPlan::Vec(f) if f.x_copy() == forward => Some(forward),
         _ => None,
     }
+}
+
+/// Whether `buf` is where `g`'s forward keeps `copy` under the current
+/// settings: `copy` is what `kept_copy` names, and `buf` holds it. A buffer
+/// sized under other settings (a precision changed after the model was
+/// built) is passed over, and the copy made in scratch as without one.
+fn holds_kept(be: &CudaBackend, g: &ConvGeom, copy: XCopy, buf: &CudaSlice<f32>) -> bool {
+    kept_copy(be, g) == Some(copy) && buf.len() >= copy.floats(be, g)
 }
 
 /// Floats of the copy `kept_copy` names (0 where there is none).
@@ -760,11 +767,8 @@ fn filter_from_nhwc(
     let mut run =
         |xc: &CudaSlice<f32>| filter_launch(be, plan.name, plan.cfg, s, xc, dyt, dw, splits, &what);
     let copy = f.x_copy();
-    match kept.filter(|_| kept_copy(be, g) == Some(copy)) {
-        Some(k) => {
-            check_len("conv kept copy of x", k, copy.floats(be, g))?;
-            run(k)
-        }
+    match kept.filter(|k| holds_kept(be, g, copy, k)) {
+        Some(k) => run(k),
         None => copy.with(be, g, x, None, run),
     }
 }
