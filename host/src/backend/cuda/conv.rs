@@ -272,7 +272,7 @@ pub(super) fn conv_backward_data(
     check_len("conv_backward_data dx", dx, g.x_len())?;
     let mask = relu_of.unwrap_or(dy);
     if let Some(plan) = data_channels_last(be, g) {
-        return dy_nhwc(be, g, dy, plan.half, |dyt| {
+        return dy_nhwc(be, g, dy, plan.half, None, |dyt| {
             data_from_nhwc(be, g, &s, &plan, dyt, w, dx, mask)
         });
     }
@@ -535,31 +535,23 @@ fn cut_rows<R>(
 }
 
 /// Runs `f` with dy of convolution `g` in NHWC (scratch `Dy`), as fp32 or
-/// (`half`) bf16.
+/// (`half`) bf16. With `db`, then also `db` from the per-channel partial
+/// sums that the relayout wrote on its way through dy (`conv_backward_bias`
+/// over them instead of over dy: at batch 256 in TF32 its passes over dy
+/// were 0.23 ms of a 13.2 ms step, `…-v19/`).
 fn dy_nhwc<R>(
     be: &CudaBackend,
     g: &ConvGeom,
     dy: &CudaSlice<f32>,
     half: bool,
-    f: impl FnOnce(&CudaSlice<f32>) -> Result<R>,
-) -> Result<R> {
-    let dims = [g.n, g.c_out, g.out_h() * g.out_w()];
-    relayout(be, Scratch::Dy, dy, dims, g.c_out, half, f)
-}
-
-/// As `dy_nhwc`, and then `db` from the per-channel partial sums that the
-/// relayout wrote on its way through dy (`conv_backward_bias` over them
-/// instead of over dy: at batch 256 in TF32 its passes over dy were 0.23
-/// ms of a 13.2 ms step, `…-v19/`).
-fn dy_nhwc_bias<R>(
-    be: &CudaBackend,
-    g: &ConvGeom,
-    dy: &CudaSlice<f32>,
-    half: bool,
-    db: &mut CudaSlice<f32>,
+    db: Option<&mut CudaSlice<f32>>,
     f: impl FnOnce(&CudaSlice<f32>) -> Result<R>,
 ) -> Result<R> {
     let hw = g.out_h() * g.out_w();
+    let Some(db) = db else {
+        return relayout(be, Scratch::Dy, dy, [g.n, g.c_out, hw], g.c_out, half, f);
+    };
+    check_len("conv_backward db", db, g.c_out)?;
     let tiles = hw.div_ceil(TRANSPOSE_COLS);
     let elem = operand_elem(be, half);
     be.with_scratch(Scratch::Sums, g.n * g.c_out * tiles, |sums| {
@@ -616,7 +608,9 @@ fn blocks(cfg: &LaunchConfig) -> usize {
     x as usize * y as usize * z as usize
 }
 
-/// `dw`; with `kept`, x's operand copy from the forward (`kept_copy`).
+/// `dw`, and with `db` the bias gradient too (from dy's relayout where
+/// the weight gradient reads dy in NHWC); with `kept`, x's operand copy
+/// from the forward (`kept_copy`).
 pub(super) fn conv_backward_filter(
     be: &CudaBackend,
     g: &ConvGeom,
@@ -624,6 +618,7 @@ pub(super) fn conv_backward_filter(
     kept: Option<&CudaSlice<f32>>,
     dy: &CudaSlice<f32>,
     dw: &mut CudaSlice<f32>,
+    db: Option<&mut CudaSlice<f32>>,
 ) -> Result<()> {
     let s = shape(g)?;
     check_len("conv_backward_filter x", x, g.x_len())?;
@@ -632,42 +627,12 @@ pub(super) fn conv_backward_filter(
     match filter_plan(be, g) {
         FilterPlan::Gemm { name, cfg, splits } => {
             let what = || format!("{g:?} splits={splits}");
-            filter_launch(be, name, cfg, &s, x, dy, dw, splits, &what)
+            filter_launch(be, name, cfg, &s, x, dy, dw, splits, &what)?;
+            db.map_or(Ok(()), |db| conv_backward_bias(be, g, dy, db))
         }
-        FilterPlan::Vec(f) => dy_nhwc(be, g, dy, f.plan.half, |dyt| {
+        FilterPlan::Vec(f) => dy_nhwc(be, g, dy, f.plan.half, db, |dyt| {
             filter_from_nhwc(be, g, &s, &f, x, kept, dyt, dw)
         }),
-    }
-}
-
-/// `dw` and `db`: with dy relaid out once for both where the weight
-/// gradient reads it in NHWC (`dy_nhwc_bias`), else as the separate
-/// launchers.
-#[allow(clippy::too_many_arguments)] // the layer's tensors and gradients
-fn filter_and_bias(
-    be: &CudaBackend,
-    g: &ConvGeom,
-    x: &CudaSlice<f32>,
-    kept: Option<&CudaSlice<f32>>,
-    dy: &CudaSlice<f32>,
-    dw: &mut CudaSlice<f32>,
-    db: &mut CudaSlice<f32>,
-) -> Result<()> {
-    match filter_plan(be, g) {
-        FilterPlan::Vec(f) => {
-            let s = shape(g)?;
-            check_len("conv_backward x", x, g.x_len())?;
-            check_len("conv_backward dy", dy, g.y_len())?;
-            check_len("conv_backward dw", dw, g.w_len())?;
-            check_len("conv_backward db", db, g.c_out)?;
-            dy_nhwc_bias(be, g, dy, f.plan.half, db, |dyt| {
-                filter_from_nhwc(be, g, &s, &f, x, kept, dyt, dw)
-            })
-        }
-        FilterPlan::Gemm { .. } => {
-            conv_backward_filter(be, g, x, kept, dy, dw)?;
-            conv_backward_bias(be, g, dy, db)
-        }
     }
 }
 
@@ -808,14 +773,13 @@ pub(super) fn conv_backward(
             check_len("conv_backward w", w, g.w_len())?;
             check_len("conv_backward dw", dw, g.w_len())?;
             check_len("conv_backward dx", dx, g.x_len())?;
-            check_len("conv_backward db", db, g.c_out)?;
-            dy_nhwc_bias(be, g, dy, dplan.half, db, |dyt| {
+            dy_nhwc(be, g, dy, dplan.half, Some(db), |dyt| {
                 data_from_nhwc(be, g, &s, &dplan, dyt, w, dx, x)?;
                 filter_from_nhwc(be, g, &shape(g)?, &fplan, x, kept, dyt, dw)
             })
         }
         (dx, _, _) => {
-            filter_and_bias(be, g, x, kept, dy, dw, db)?;
+            conv_backward_filter(be, g, x, kept, dy, dw, Some(db))?;
             match dx {
                 Some(dx) => conv_backward_data(be, g, dy, w, dx, relu_of),
                 None => Ok(()),

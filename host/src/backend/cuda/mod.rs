@@ -983,7 +983,7 @@ impl Backend for CudaBackend {
         dy: &Self::Buf,
         dw: &mut Self::Buf,
     ) -> Result<()> {
-        conv::conv_backward_filter(self, g, x, None, dy, dw)
+        conv::conv_backward_filter(self, g, x, None, dy, dw, None)
     }
     fn conv_backward_bias(&self, g: &ConvGeom, dy: &Self::Buf, db: &mut Self::Buf) -> Result<()> {
         conv::conv_backward_bias(self, g, dy, db)
