@@ -12,8 +12,8 @@
 //! TF32 once so that the kernels convert nothing), and the `*_nhwc` kernels
 //! copy 16-byte vectors of channels. Results come out in the usual
 //! layouts. A forward given a buffer for it (`conv_forward_keep`) keeps its
-//! copy of x there for the weight gradient (`kept_copy`). In bf16, where the channel counts are multiples of 8, the
-//! copies are bf16
+//! copy of x there for the weight gradient (`kept_copy`). In bf16, where
+//! the channel counts are multiples of 8, the copies are bf16
 //! (`transpose_bf16`; `*_nhwc16_bf16` kernels), halving the bytes and
 //! skipping the conversion in the inner loop.
 //!
