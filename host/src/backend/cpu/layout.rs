@@ -121,8 +121,23 @@ pub fn to_tf32(v: f32) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{row_patches, to_bf16, to_tf32, transpose};
+    use super::{row_patches, to_bf16, to_tf32, transpose, transpose_sums};
     use crate::backend::{ConvGeom, RowGeom, cpu::conv::conv_forward};
+
+    /// The tile sums add up to each row's sum (what the bias gradient
+    /// needs), and split at the tile boundaries: 2 matrices of 3 rows × 5
+    /// columns in tiles of 2 → tiles [0, 1], [2, 3], [4].
+    #[test]
+    fn transpose_sums_tile_each_row() {
+        let src: Vec<f32> = (0..30).map(|i| i as f32).collect();
+        let sums = transpose_sums(&src, 2, 3, 5, 2);
+        assert_eq!(sums.len(), 2 * 3 * 3);
+        assert_eq!(&sums[..3], &[1.0, 5.0, 4.0]);
+        assert_eq!(&sums[15..], &[51.0, 55.0, 29.0]);
+        for (row, t) in src.chunks(5).zip(sums.chunks(3)) {
+            assert_eq!(t.iter().sum::<f32>(), row.iter().sum::<f32>());
+        }
+    }
 
     /// The row-patch form of a convolution gives the same output as the
     /// direct one: `y[f][oh][ow] = Σ_kh Σ_j W[f][kh][j]·P[stride·oh + kh][ow][j]`.
