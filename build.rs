@@ -83,9 +83,33 @@ fn main() {
             "build.rs: {} holds no kernel entry points",
             asm.display()
         );
-        write_if_changed(&out.join(file), &ptx);
+        write_if_changed(&out.join(file), &cap_registers(&ptx));
     }
     println!("cargo:rustc-env=ALEXNET_CUDA_ARCH={arch}");
+}
+
+/// Register caps (PTX `.maxnreg`) for kernels whose occupancy ptxas's own
+/// choice cuts: `lrn_pool_forward` took 72 registers, which fits 3 blocks of
+/// 256 threads on an SM (37.5% occupancy, ncu in
+/// `benches/results/2026-12-04-h200-v20/`); at 64, 4 blocks fit.
+const REGISTER_CAPS: &[(&str, u32)] = &[("lrn_pool_forward", 64)];
+
+/// `ptx` with a `.maxnreg` directive after the parameter list of each kernel
+/// in [`REGISTER_CAPS`].
+fn cap_registers(ptx: &str) -> String {
+    let mut out = ptx.to_string();
+    for (name, regs) in REGISTER_CAPS {
+        let head = format!(".entry {name}(");
+        let at = out
+            .find(&head)
+            .unwrap_or_else(|| panic!("build.rs: REGISTER_CAPS names {name}, which the PTX lacks"));
+        let body = at
+            + out[at..]
+                .find("\n)\n{")
+                .unwrap_or_else(|| panic!("build.rs: no body after .entry {name}"));
+        out.insert_str(body + 3, &format!(".maxnreg {regs}\n"));
+    }
+    out
 }
 
 /// Starts `cargo rustc` on `gpu-kernels` for `arch` (with the `wgmma`

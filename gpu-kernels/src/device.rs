@@ -344,6 +344,21 @@ pub unsafe fn st_shared(addr: u32, v: f32) {
     };
 }
 
+/// As [`st_shared`] where `on`, as one predicated `st.shared` (no branch
+/// around it, so the code that computes `v` runs unconditionally).
+#[inline(always)]
+pub unsafe fn st_shared_if(on: bool, addr: u32, v: f32) {
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; setp.ne.u32 p, {on}, 0; @p st.shared.f32 [{addr}], {v}; }}",
+            on = in(reg32) on as u32,
+            addr = in(reg32) addr,
+            v = in(reg32) v,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
 /// Four floats from shared memory at window address `addr` (see
 /// [`shared_addr`]) in one `ld.shared.v4.f32`; `addr` must be 16-byte aligned.
 /// (LLVM only knows the dynamic shared base as 4-byte aligned, so plain Rust

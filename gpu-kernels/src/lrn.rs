@@ -30,7 +30,7 @@
 
 use crate::device::{
     bdim_x, bid_x, bid_y, bid_z, fma, grid_stride, ld_shared, powf, rcp, shared, shared_addr,
-    st_shared, sync_threads, tid_x, unrolled,
+    st_shared, st_shared_if, sync_threads, tid_x, unrolled,
 };
 
 /// Item `item` of the grid: the offset of its pixel's channel 0 and its
@@ -473,12 +473,12 @@ unsafe fn pool_forward_fused<const S: usize, const P: usize>(
     let cols = [0, 4 * half_w, 4];
     let (slot_b, row_b, buf_b) = (4 * slot, 4 * ws, 4 * STEP * slot);
 
-    // Step `ch` slides x(ch + half) in: xs[k][s] is then x(ch − half + s).
-    let mut xs = [[0.0f32; S]; FWD_PIX];
+    // Before the step at channel ch, prev[k][i] is x(ch − half + i), i < S − 1.
+    let mut prev = [[0.0f32; PREV]; FWD_PIX];
     unrolled::<FWD_PIX>(|k| {
-        unrolled::<S>(|s| {
-            if s > 0 {
-                xs[k][s] = load(k, c0 as i32 + s as i32 - 1 - half);
+        unrolled::<PREV>(|i| {
+            if i + 1 < S {
+                prev[k][i] = load(k, c0 as i32 + i as i32 - half);
             }
         })
     });
@@ -519,16 +519,13 @@ unsafe fn pool_forward_fused<const S: usize, const P: usize>(
                 // Buffer i % 2: its last readers (step i − 2's pooling) are
                 // past the barrier of step i − 1.
                 let buf = (i & 1) * buf_b;
-                unrolled::<FUSED_STEP>(|j| {
-                    unrolled::<FWD_PIX>(|k| {
-                        // (Warps wholly past the tile skip the arithmetic.)
-                        let (ok, _, sa) = pix[k];
-                        if ok {
-                            slide(&mut xs[k], cur[k][j]);
-                            let (_, yv) = lrn_at(&xs[k], g.alpha, g.beta, g.k);
-                            unsafe { st_shared(sa + buf + j as u32 * slot_b, yv) };
-                        }
-                    })
+                unrolled::<FWD_PIX>(|k| {
+                    // (Pixels past the tile compute on zeros and store nothing.)
+                    let (ok, _, sa) = pix[k];
+                    let y = lrn_step::<S>(&mut prev[k], &cur[k], g.alpha, g.beta, g.k);
+                    unrolled::<FUSED_STEP>(|j| unsafe {
+                        st_shared_if(ok, sa + buf + j as u32 * slot_b, y[j])
+                    });
                 });
                 sync_threads();
                 let o = i as usize * STEP as usize * ohs;
@@ -559,6 +556,141 @@ unsafe fn pool_forward_fused<const S: usize, const P: usize>(
         }
         if fast { step!(true) } else { step!(false) }
     }
+}
+
+/// Room for the `S − 1` channels a step carries over (S ≤ 5).
+const PREV: usize = 4;
+
+/// LRN outputs of one pixel's channels ch .. ch + `FUSED_STEP` from
+/// `prev` (x of channels ch − S/2 .., `S − 1` of them) and `cur` (x of
+/// channels ch + S/2 ..); leaves in `prev` the channels the next step
+/// needs. Outputs come in pairs sharing the inner `S − 1` squares of their
+/// windows: `Σ(j) = x(j − S/2)² + t`, `Σ(j + 1) = t + x(j + 1 + S/2)²`
+/// (`S + 1` multiply-adds a pair, not `2S`; the sums differ from the
+/// channel-order ones only in rounding).
+#[inline(always)]
+fn lrn_step<const S: usize>(
+    prev: &mut [f32; PREV],
+    cur: &[f32; FUSED_STEP],
+    alpha: f32,
+    beta: f32,
+    k: f32,
+) -> [f32; FUSED_STEP] {
+    const { assert!(S % 2 == 1 && S <= PREV + 1 && FUSED_STEP % 2 == 0) };
+    // w[i]: x of channel ch − S/2 + i.
+    let mut w = [0.0f32; PREV + FUSED_STEP];
+    unrolled::<{ PREV + FUSED_STEP }>(|i| {
+        if i + 1 < S {
+            w[i] = prev[i];
+        } else if i + 1 < S + FUSED_STEP {
+            w[i] = cur[i + 1 - S];
+        }
+    });
+    let mut y = [0.0f32; FUSED_STEP];
+    unrolled::<{ FUSED_STEP / 2 }>(|p| {
+        let j = 2 * p;
+        let mut t = w[j + 1] * w[j + 1];
+        unrolled::<{ PREV + FUSED_STEP }>(|i| {
+            if i > j + 1 && i < j + S {
+                t = fma(w[i], w[i], t);
+            }
+        });
+        let sums = [fma(w[j], w[j], t), fma(w[j + S], w[j + S], t)];
+        unrolled::<2>(|e| {
+            let scale = fma(alpha, sums[e], k);
+            y[j + e] = w[j + e + S / 2] * powf(scale, -beta);
+        });
+    });
+    unrolled::<PREV>(|i| {
+        if i + 1 < S {
+            prev[i] = w[i + FUSED_STEP];
+        }
+    });
+    y
+}
+
+/// What one pixel's backward carries from step to step (see
+/// `pool_backward_fused`).
+struct Back<const S: usize> {
+    x: [f32; PREV],
+    q: [f32; PREV],
+    d: [f32; PREV],
+}
+
+impl<const S: usize> Back<S> {
+    /// One step at pipeline channels c' .. c' + `FUSED_STEP`: `cur` is x of
+    /// channels c' + S/2 .., `dy` the pool's gradient of c' .. (`inside`:
+    /// the channel exists). Returns x and the LRN's dx of the output
+    /// channels c' − S/2 ..; window sums in pairs as [`lrn_step`]'s.
+    #[inline(always)]
+    fn step(
+        &mut self,
+        cur: &[f32; FUSED_STEP],
+        dy: &[f32; FUSED_STEP],
+        inside: &[bool; FUSED_STEP],
+        g: &LrnPoolGeom,
+        ncoef: f32,
+    ) -> ([f32; FUSED_STEP], [f32; FUSED_STEP]) {
+        const N: usize = PREV + FUSED_STEP;
+        let h = S / 2;
+        // x of c' − h + i; dy·y/scale of c' − S + 1 + i; dy·scale^(−β) of
+        // c' − h + i.
+        let (mut w, mut q, mut d) = ([0.0f32; N], [0.0f32; N], [0.0f32; N]);
+        unrolled::<N>(|i| {
+            if i + 1 < S {
+                (w[i], q[i]) = (self.x[i], self.q[i]);
+            } else if i + 1 < S + FUSED_STEP {
+                w[i] = cur[i + 1 - S];
+            }
+            if i < h {
+                d[i] = self.d[i];
+            }
+        });
+        let sums = pair_sums::<S>(&w, true);
+        unrolled::<FUSED_STEP>(|j| {
+            let sc = fma(g.alpha, sums[j], g.k);
+            let dr = dy[j] * powf(sc, -g.beta);
+            let inn = inside[j];
+            q[j + S - 1] = if inn { dr * w[j + h] * rcp(sc) } else { 0.0 };
+            d[j + h] = if inn { dr } else { 0.0 };
+        });
+        let qsums = pair_sums::<S>(&q, false);
+        let mut xt = [0.0f32; FUSED_STEP];
+        let mut v = [0.0f32; FUSED_STEP];
+        unrolled::<FUSED_STEP>(|j| {
+            xt[j] = w[j];
+            v[j] = fma(ncoef * w[j], qsums[j], d[j]);
+        });
+        unrolled::<PREV>(|i| {
+            if i + 1 < S {
+                (self.x[i], self.q[i]) = (w[i + FUSED_STEP], q[i + FUSED_STEP]);
+            }
+            if i < h {
+                self.d[i] = d[i + FUSED_STEP];
+            }
+        });
+        (xt, v)
+    }
+}
+
+/// Window sums `Σ_{i=j}^{j+S−1} f(v[i])` for j < `FUSED_STEP`, f the square
+/// (`squares`) or the identity, in pairs sharing their inner `S − 1` terms.
+#[inline(always)]
+fn pair_sums<const S: usize>(v: &[f32; PREV + FUSED_STEP], squares: bool) -> [f32; FUSED_STEP] {
+    let add = |acc: f32, x: f32| if squares { fma(x, x, acc) } else { acc + x };
+    let mut out = [0.0f32; FUSED_STEP];
+    unrolled::<{ FUSED_STEP / 2 }>(|p| {
+        let j = 2 * p;
+        let mut t = if squares { v[j + 1] * v[j + 1] } else { v[j + 1] };
+        unrolled::<{ PREV + FUSED_STEP }>(|i| {
+            if i > j + 1 && i < j + S {
+                t = add(t, v[i]);
+            }
+        });
+        out[j] = add(t, v[j]);
+        out[j + 1] = add(t, v[j + S]);
+    });
+    out
 }
 
 /// Backward of `lrn_pool_forward` (and, with `relu` nonzero, of the ReLU
@@ -771,16 +903,19 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize, const RELU: bool>(
         }
     };
 
-    // After step c' slides x(c' + half) in, xs[s] = x(c' − half + s); qs
-    // and ds end with channel c''s dy·y/scale and dy·scale^(−β) (0 outside
-    // the channels).
-    let mut xs = [0.0f32; S];
-    unrolled::<S>(|s| {
-        if s > 0 {
-            xs[s] = load_x(cs + s as i32 - 1 - half);
+    // Carried into the step at pipeline channel c': x of channels
+    // c' − half .. (S − 1 of them), dy·y/scale of c' − S + 1 .. (S − 1) and
+    // dy·scale^(−β) of c' − half .. (half); 0 outside the channels.
+    let mut back = Back::<S> {
+        x: [0.0; PREV],
+        q: [0.0; PREV],
+        d: [0.0; PREV],
+    };
+    unrolled::<PREV>(|i| {
+        if i + 1 < S {
+            back.x[i] = load_x(cs + i as i32 - half);
         }
     });
-    let (mut qs, mut ds) = ([0.0f32; S], [0.0f32; S]);
     let steps = (c1 - c0 + 2 * half as u32).div_ceil(STEP);
     let my_dy = dys + 4 * p;
     let mut x_next = x_load(0, false);
@@ -811,28 +946,19 @@ unsafe fn pool_backward_fused<const S: usize, const P: usize, const RELU: bool>(
                     let dy_at = my_dy + (i & 1) * 4 * slots;
                     let t0 = cs - half + (i * STEP) as i32;
                     let mut dq = dxp.wrapping_offset(t0 as isize * hs as isize);
+                    let mut dy = [0.0f32; FUSED_STEP];
+                    let mut inside = [true; FUSED_STEP];
                     unrolled::<FUSED_STEP>(|j| {
-                        let c = cs + (i * STEP + j as u32) as i32;
-                        slide(&mut xs, x_cur[j]);
-                        let dy = unsafe { ld_shared(dy_at + j as u32 * 4 * npix) };
-                        let (qv, dv) = if fast || (c as u32) < g.c {
-                            let (sc, r) = lrn_scale(&xs, g.alpha, g.beta, g.k);
-                            let dr = dy * r;
-                            (dr * xs[S / 2] * rcp(sc), dr)
-                        } else {
-                            (0.0, 0.0)
-                        };
-                        slide(&mut qs, qv);
-                        slide(&mut ds, dv);
-                        // Channel t = c' − half: x(t) = xs[0], its
-                        // dy·scale^(−β) is ds[S/2], and qs covers the
-                        // channels whose window holds t.
-                        let t = c - half;
+                        dy[j] = unsafe { ld_shared(dy_at + j as u32 * 4 * npix) };
+                        inside[j] = fast || ((cs + (i * STEP + j as u32) as i32) as u32) < g.c;
+                    });
+                    let (xt, v) = back.step(&x_cur, &dy, &inside, g, ncoef);
+                    unrolled::<FUSED_STEP>(|j| {
+                        // Channel t = c' − half of pipeline channel c'.
+                        let t = cs + (i * STEP + j as u32) as i32 - half;
                         if fast || ((t - c0 as i32) as u32) < c1 - c0 {
-                            let xv = xs[0];
-                            let v = fma(ncoef * xv, window_sum(&qs), ds[S / 2]);
-                            let masked = RELU && !(xv > 0.0);
-                            unsafe { *dq = if masked { 0.0 } else { v } };
+                            let masked = RELU && !(xt[j] > 0.0);
+                            unsafe { *dq = if masked { 0.0 } else { v[j] } };
                         }
                         dq = dq.wrapping_add(hs);
                     });
