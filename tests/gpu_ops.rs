@@ -146,6 +146,7 @@ const TESTS: &[(&str, Test)] = &[
     ("conv_backward_bias", conv_backward_bias),
     ("conv_backward", conv_backward),
     ("conv_kept", conv_kept),
+    ("conv_autotune", conv_autotune),
     ("transpose", transpose),
     ("row_patches", row_patches),
     ("convert_bf16", convert_bf16),
@@ -663,6 +664,155 @@ fn conv_kept_in(c: &mut Ctx, p: Precision) -> Result<()> {
 
 fn conv_backward_filter(c: &mut Ctx) -> Result<()> {
     each_precision_engines(c, conv_backward_filter_in)
+}
+
+/// Every kernel choice the autotune times for the forward and the data
+/// gradient (`for_each_conv_candidate`: the built-in one, tiles with and
+/// without their 128-column variants, the transposed products on, off, or
+/// on any multiple of 64 channels) against the CPU reference, each output
+/// poisoned first, in TF32 and bf16; and a product's candidates against
+/// each other bit for bit, since the autotune's picks (timings) may differ
+/// between runs and results must not. Then the autotune itself: on, it
+/// times some shape's candidates and the products it chose still match the
+/// reference; off, it does nothing.
+fn conv_autotune(c: &mut Ctx) -> Result<()> {
+    let mut several = 0;
+    let mut result = Ok(());
+    for p in [Precision::Tf32, Precision::Bf16] {
+        c.gpu.set_precision(p)?;
+        result = conv_candidates_in(c, p, &mut several);
+        if result.is_err() {
+            break;
+        }
+    }
+    c.check_true(
+        "conv_autotune",
+        "some product had several candidates",
+        several > 0,
+    );
+    if result.is_ok() {
+        c.gpu.set_precision(Precision::Tf32)?;
+        c.gpu.set_autotune(true);
+        result = autotuned_in(c);
+        c.gpu.set_autotune(false);
+    }
+    c.gpu.set_precision(Precision::Fp32)?;
+    result
+}
+
+/// Operands of one convolution case and the CPU reference's y, dx, dw.
+struct ConvRef {
+    x: Vec<f32>,
+    w: Vec<f32>,
+    b: Vec<f32>,
+    dy: Vec<f32>,
+    y: Vec<f32>,
+    dx: Vec<f32>,
+    dw: Vec<f32>,
+}
+
+fn conv_ref(c: &mut Ctx, g: &ConvGeom) -> Result<ConvRef> {
+    let x = c.randn(g.x_len(), 1.0);
+    let (w, b) = (c.randn(g.w_len(), 0.1), c.randn(g.c_out, 1.0));
+    let dy = c.randn(g.y_len(), 1.0);
+    let (mut y, mut dx, mut dw) = (
+        vec![0.0; g.y_len()],
+        vec![0.0; g.x_len()],
+        vec![0.0; g.w_len()],
+    );
+    c.cpu.conv_forward(g, &x, &w, &b, &mut y)?;
+    c.cpu.conv_backward_data(g, &dy, &w, &mut dx)?;
+    c.cpu.conv_backward_filter(g, &x, &dy, &mut dw)?;
+    Ok(ConvRef {
+        x,
+        w,
+        b,
+        dy,
+        y,
+        dx,
+        dw,
+    })
+}
+
+/// One product of `g` on the GPU (`"forward"`, `"data"`, `"filter"`) from
+/// `r`'s operands, into a poisoned buffer.
+fn conv_product(c: &Ctx, g: &ConvGeom, r: &ConvRef, product: &str) -> Result<Vec<f32>> {
+    let gpu = &c.gpu;
+    let out = match product {
+        "forward" => {
+            let (x, w, b) = (gpu.upload(&r.x)?, gpu.upload(&r.w)?, gpu.upload(&r.b)?);
+            let mut y = gpu.poisoned(g.y_len())?;
+            gpu.conv_forward(g, &x, &w, &b, &mut y)?;
+            y
+        }
+        "data" => {
+            let (dy, w) = (gpu.upload(&r.dy)?, gpu.upload(&r.w)?);
+            let mut dx = gpu.poisoned(g.x_len())?;
+            gpu.conv_backward_data(g, &dy, &w, &mut dx)?;
+            dx
+        }
+        _ => {
+            let (x, dy) = (gpu.upload(&r.x)?, gpu.upload(&r.dy)?);
+            let mut dw = gpu.poisoned(g.w_len())?;
+            gpu.conv_backward_filter(g, &x, &dy, &mut dw)?;
+            dw
+        }
+    };
+    gpu.download(&out)
+}
+
+fn conv_candidates_in(c: &mut Ctx, p: Precision, several: &mut usize) -> Result<()> {
+    let (label, tol) = label_tol(c, p);
+    for (case, g) in conv_cases() {
+        let r = conv_ref(c, &g)?;
+        for (product, want) in [("forward", &r.y), ("data", &r.dx)] {
+            let mut outs = Vec::new();
+            let n = c.gpu.for_each_conv_candidate(&g, product, |name| {
+                outs.push((name.to_string(), conv_product(c, &g, &r, product)?));
+                Ok(())
+            })?;
+            *several += (n > 1) as usize;
+            for (name, got) in &outs {
+                let what = format!("{case}{label} {product} {name}");
+                c.check("conv_autotune", &what, got, want, tol);
+            }
+            if n > 1 {
+                let same = outs.iter().all(|(_, o)| {
+                    o.iter()
+                        .zip(&outs[0].1)
+                        .all(|(a, b)| a.to_bits() == b.to_bits())
+                });
+                let what = format!("{case}{label} {product}: {n} candidates bit-identical");
+                c.check_true("conv_autotune", &what, same);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn autotuned_in(c: &mut Ctx) -> Result<()> {
+    let (label, tol) = label_tol(c, Precision::Tf32);
+    let mut tuned = 0;
+    for (case, g) in conv_cases() {
+        let picks = c.gpu.autotune_conv(&g, true)?;
+        tuned += picks.len();
+        let r = conv_ref(c, &g)?;
+        for (product, want) in [("forward", &r.y), ("data", &r.dx), ("filter", &r.dw)] {
+            let got = conv_product(c, &g, &r, product)?;
+            let what = format!("{case}{label} {product} autotuned");
+            c.check("conv_autotune", &what, &got, want, tol);
+        }
+    }
+    c.check_true(
+        "conv_autotune",
+        "the autotune timed some product",
+        tuned > 0,
+    );
+    c.gpu.set_autotune(false);
+    let (_, g) = conv_cases()[0];
+    let none = c.gpu.autotune_conv(&g, true)?.is_empty();
+    c.check_true("conv_autotune", "off, the autotune does nothing", none);
+    Ok(())
 }
 
 fn conv_backward_filter_in(c: &mut Ctx, p: Precision) -> Result<()> {

@@ -53,6 +53,17 @@ pub struct BenchResult {
     /// `--profile` on a backend that records launches: one step's launches
     /// by kernel and by layer.
     pub kernel_profile: Option<KernelProfile>,
+    /// The convolution kernels the autotune chose (`train.autotune`), by
+    /// layer: only products that had a choice.
+    pub autotuned: Vec<AutotuneRow>,
+}
+
+/// One autotuned product of one layer.
+#[derive(Clone, Debug, Serialize)]
+pub struct AutotuneRow {
+    pub layer: String,
+    #[serde(flatten)]
+    pub tuned: crate::backend::TunedKernel,
 }
 
 /// Launches of one training step by kernel and by layer: each figure is
@@ -348,6 +359,14 @@ pub fn bench<B: Backend>(
         step_memory_bytes,
         layers,
         kernel_profile,
+        autotuned: model
+            .autotuned()
+            .iter()
+            .map(|(layer, tuned)| AutotuneRow {
+                layer: layer.clone(),
+                tuned: tuned.clone(),
+            })
+            .collect(),
     })
 }
 
@@ -376,6 +395,18 @@ impl BenchResult {
                 .unwrap_or_default()
         );
         println!("  steps: {}", self.step_mode);
+        for r in &self.autotuned {
+            let t = &r.tuned;
+            let verdict = if t.kernel == t.heuristic_kernel {
+                "the heuristic's choice".to_string()
+            } else {
+                format!("heuristic {} {:.3} ms", t.heuristic_kernel, t.heuristic_ms)
+            };
+            println!(
+                "  autotune: {} {}: {} {:.3} ms ({verdict}; {} candidates)",
+                r.layer, t.product, t.kernel, t.ms, t.candidates
+            );
+        }
         if !self.layers.is_empty() {
             let total: f32 = self
                 .layers

@@ -86,6 +86,8 @@ pub struct Model<B: Backend> {
     /// What the backend keeps for [`Model::sgd_step`]'s one update of every
     /// parameter.
     sgd_table: B::SgdTable,
+    /// The kernels the backend's autotune chose, by layer name.
+    autotuned: Vec<(String, TunedKernel)>,
 }
 
 /// `(a, b)` as shared and mutable borrows of two different elements.
@@ -144,6 +146,15 @@ impl<B: Backend> Model<B> {
         seed: u64,
     ) -> Result<Self> {
         let layers = layers.to_vec();
+        // Kernel choices first, while no activation holds device memory.
+        let mut autotuned = Vec::new();
+        for (i, l) in layers.iter().enumerate() {
+            if let Some(g) = l.conv_geom(batch) {
+                for t in be.autotune_conv(&g, i > 0)? {
+                    autotuned.push((l.name.clone(), t));
+                }
+            }
+        }
         let mut rng = StdRng::seed_from_u64(seed);
         let input_len = batch * numel(&layers[0].in_shape);
         let mut acts = vec![be.zeros(input_len)?];
@@ -249,6 +260,7 @@ impl<B: Backend> Model<B> {
         Ok(Self {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             sgd_table: Default::default(),
+            autotuned,
             labels: be.upload_labels(&vec![0; batch])?,
             probs: be.zeros(batch * classes)?,
             loss: be.zeros(batch)?,
@@ -262,6 +274,12 @@ impl<B: Backend> Model<B> {
             grads,
             saved,
         })
+    }
+
+    /// The kernels the backend's autotune chose at build, by layer name
+    /// (empty where it is off or had no choice).
+    pub fn autotuned(&self) -> &[(String, TunedKernel)] {
+        &self.autotuned
     }
 
     /// The model's process-unique id.

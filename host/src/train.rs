@@ -300,6 +300,7 @@ fn train_single(cfg: Config, opts: &TrainOptions) -> Result<TrainOutcome> {
     if use_gpu {
         let mut be = CudaBackend::new(opts.gpu)?;
         be.set_precision(cfg.train.precision)?;
+        be.set_autotune(cfg.train.autotune);
         run_single(&be, cfg, opts)
     } else {
         if cfg.train.precision != crate::config::Precision::Fp32 {
@@ -440,6 +441,14 @@ impl<'a, B: Backend> Single<'a, B> {
                 e
             }
         })?;
+        for (layer, t) in model.autotuned() {
+            if t.kernel != t.heuristic_kernel {
+                println!(
+                    "autotune: {layer} {}: {} {:.3} ms (heuristic {} {:.3} ms)",
+                    t.product, t.kernel, t.ms, t.heuristic_kernel, t.heuristic_ms
+                );
+            }
+        }
         Ok(Self {
             be,
             model,

@@ -12,9 +12,22 @@ pub mod cuda;
 use anyhow::Result;
 
 /// Geometry of a 2-D convolution with zero padding, stride and groups.
+/// A kernel the autotune chose for one product of a convolution, with the
+/// heuristic's choice for comparison (times: median of a few runs, ms).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TunedKernel {
+    pub product: String,
+    pub kernel: String,
+    pub ms: f32,
+    pub heuristic_kernel: String,
+    pub heuristic_ms: f32,
+    /// Distinct kernel choices timed.
+    pub candidates: usize,
+}
+
 /// Input `[n, c_in, h, w]`, weight `[c_out, c_in/groups, k_h, k_w]` (PyTorch's
 /// layout), bias `[c_out]`, output `[n, c_out, out_h, out_w]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ConvGeom {
     pub n: usize,
     pub c_in: usize,
@@ -416,6 +429,15 @@ pub trait Backend {
     /// Floats of the operand copy of x that a convolution's forward can keep
     /// for its weight gradient (`conv_forward_keep`), where both read x in
     /// the same layout; 0 where there is none (the CPU reads x as it is).
+    /// Times the kernels that could run `g`'s products (the data gradient
+    /// only where `data`) and keeps the fastest for that shape, as cuDNN's
+    /// benchmark mode does; returns the products that had a choice. A
+    /// no-op where there is nothing to choose or autotuning is off (CUDA:
+    /// `CudaBackend::set_autotune`).
+    fn autotune_conv(&self, _g: &ConvGeom, _data: bool) -> Result<Vec<TunedKernel>> {
+        Ok(Vec::new())
+    }
+
     fn conv_kept_len(&self, _g: &ConvGeom) -> usize {
         0
     }

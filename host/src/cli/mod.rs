@@ -205,6 +205,7 @@ pub fn bench(
         let r = if use_gpu {
             let mut be = cuda::CudaBackend::new(gpu)?;
             be.set_precision(cfg.train.precision)?;
+            be.set_autotune(cfg.train.autotune);
             crate::bench::bench(&be, &cfg, b, steps, profile, graph)?
         } else {
             crate::bench::bench(&CpuBackend, &cfg, b, steps, profile, graph)?
@@ -287,6 +288,7 @@ pub fn bench_gpus(
     if devices.len() == 1 {
         let mut be = CudaBackend::new(devices[0])?;
         be.set_precision(cfg.train.precision)?;
+        be.set_autotune(cfg.train.autotune);
         let mut results = Vec::new();
         for &b in batches {
             let r = crate::bench::bench(&be, &cfg, b, steps, false, graph)?;

@@ -95,6 +95,13 @@ pub struct TrainConfig {
     pub deterministic: bool,
     #[serde(default)]
     pub precision: Precision,
+    /// Time each convolution's candidate kernels (forward and data
+    /// gradient) once when the model is built and keep the fastest
+    /// (default true), as cuDNN's benchmark mode does. The candidates give
+    /// bit-identical results, so this changes speed, not results; false
+    /// (or `ALEXNET_AUTOTUNE=0`) keeps the built-in choices.
+    #[serde(default = "yes")]
+    pub autotune: bool,
 }
 
 /// How the learning rate changes during training.

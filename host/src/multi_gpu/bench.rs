@@ -74,6 +74,7 @@ pub fn bench_data_parallel(
     let single = {
         let mut be = CudaBackend::new(devices[0])?;
         be.set_precision(cfg.train.precision)?;
+        be.set_autotune(cfg.train.autotune);
         // Eager, like the multi-GPU steps it is compared with.
         crate::bench::bench(&be, cfg, batch, steps, false, false)?
     };
@@ -94,6 +95,7 @@ pub fn bench_data_parallel(
         let gpu = devs[rank];
         let mut be = CudaBackend::new(gpu).with_context(|| format!("GPU {gpu}"))?;
         be.set_precision(cfg.train.precision)?;
+        be.set_autotune(cfg.train.autotune);
         let reducer = NcclReducer::new(&be, rank, world, id)?;
         let t = &cfg.train;
         let mut rng = StdRng::seed_from_u64(1 + rank as u64);

@@ -550,12 +550,13 @@ pub fn train_data_parallel(
         bail!("{why}");
     }
     let id = NcclId::new()?;
-    let precision = cfg.train.precision;
+    let (precision, autotune) = (cfg.train.precision, cfg.train.autotune);
     let devices = devices.to_vec();
     train_replicated(cfg, opts, world, move |rank| {
         let gpu = devices[rank];
         let mut be = CudaBackend::new(gpu).with_context(|| format!("GPU {gpu}"))?;
         be.set_precision(precision)?;
+        be.set_autotune(autotune);
         let reducer =
             NcclReducer::new(&be, rank, world, id).with_context(|| format!("GPU {gpu}"))?;
         Ok((be, reducer))

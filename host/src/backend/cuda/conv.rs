@@ -33,7 +33,7 @@
 use super::gemm::{VecTile, grid, tiles, vec_cfg};
 use super::layout::{Elem, TRANSPOSE_COLS, row_patches, transpose};
 use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
-use crate::backend::{ConvGeom, RowGeom};
+use crate::backend::{ConvGeom, RowGeom, TunedKernel};
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
@@ -158,24 +158,240 @@ impl ForwardPlan {
 }
 
 fn forward_plan(be: &CudaBackend, g: &ConvGeom) -> ForwardPlan {
+    let k = be.knobs(Product::Forward, g);
     let (fg, pixels) = (g.c_out / g.groups, g.n * g.out_h() * g.out_w());
     let (cfg, wide) = tiles(be, fg, pixels, g.groups);
-    if let Some((name, half, rw)) = row_path(be, g, "conv_forward", wide, Some(cfg.grid_dim)) {
+    if let Some((name, half, rw)) = row_path(be, k, g, "conv_forward", wide, Some(cfg.grid_dim)) {
         let cfg = vec_cfg(cfg, name);
         let plan = VecPlan { name, half, cfg };
         return ForwardPlan::Rows { plan, rw };
     }
     let cg = g.c_in / g.groups;
     let fits = [cg.is_multiple_of(4), cg.is_multiple_of(8)];
-    if let Some(plan) = transposed(be, "conv_forward_nhwc", fg, pixels, g.groups, fits) {
+    if let Some(plan) = transposed(be, k, "conv_forward_nhwc", fg, pixels, g.groups, fits) {
         return ForwardPlan::Vec(plan);
     }
-    if let Some((name, half)) = channels_last(be, "conv_forward", fits, wide, Some(cfg.grid_dim)) {
+    if let Some((name, half)) = channels_last(be, k, "conv_forward", fits, wide, Some(cfg.grid_dim))
+    {
         let cfg = vec_cfg(cfg, name);
         return ForwardPlan::Vec(VecPlan { name, half, cfg });
     }
     let name = be.gemm_kernel(gemm_names!("conv_forward"), wide);
     ForwardPlan::Gemm { name, cfg }
+}
+
+/// Which product of a convolution a kernel choice is for. (The weight
+/// gradient is not tuned: its split over K follows the tile, so another
+/// tile would sum in another order, and its tiles measured within 1%.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Product {
+    Forward,
+    Data,
+}
+
+/// Where the transposed (pixels × channels) channels-last products run: not
+/// at all, where the usual tiles would pad the channels (the default), or
+/// also on any multiple of 64 channels (an autotune candidate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Transposed {
+    Off,
+    Padded,
+    All,
+}
+
+/// The choices a product's plan makes beyond its shape: the backend's
+/// settings (`ALEXNET_TRANSPOSED`, `ALEXNET_BIG_TILES`) unless the autotune
+/// picked others for that shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Knobs {
+    pub(super) transposed: Transposed,
+    /// As `CudaBackend::big_tiles`.
+    pub(super) big: Option<bool>,
+}
+
+/// Every setting the autotune tries (the plans many of them give coincide).
+const TUNE_KNOBS: [Knobs; 9] = {
+    let (t, b) = (
+        [Transposed::Padded, Transposed::Off, Transposed::All],
+        [None, Some(true), Some(false)],
+    );
+    let mut out = [Knobs {
+        transposed: Transposed::Padded,
+        big: None,
+    }; 9];
+    let mut i = 0;
+    while i < 9 {
+        out[i] = Knobs {
+            transposed: t[i / 3],
+            big: b[i % 3],
+        };
+        i += 1;
+    }
+    out
+};
+
+/// Timed runs per autotune candidate (after one warm-up run).
+const TUNE_REPS: usize = 5;
+
+/// The kernel and grid `product` of `g` runs under the current knobs
+/// (`"gemm"`: the NCHW engine's data gradient).
+fn chosen(be: &CudaBackend, product: Product, g: &ConvGeom) -> (&'static str, (u32, u32, u32)) {
+    match product {
+        Product::Forward => match forward_plan(be, g) {
+            ForwardPlan::Rows { plan, .. } | ForwardPlan::Vec(plan) => {
+                (plan.name, plan.cfg.grid_dim)
+            }
+            ForwardPlan::Gemm { name, cfg } => (name, cfg.grid_dim),
+        },
+        Product::Data => {
+            data_channels_last(be, g).map_or(("gemm", (0, 0, 0)), |p| (p.name, p.cfg.grid_dim))
+        }
+    }
+}
+
+/// A plan (kernel, grid) and the knobs that give it (`None`: the
+/// backend's own settings).
+type Candidate = ((&'static str, (u32, u32, u32)), Option<Knobs>);
+
+/// The distinct plans `product` of `g` can run under the knobs the autotune
+/// tries, the heuristic's first (leaves no choice set for it).
+fn candidates(be: &CudaBackend, product: Product, g: &ConvGeom) -> Vec<Candidate> {
+    be.set_knobs(product, g, None);
+    let mut cands = vec![(chosen(be, product, g), None)];
+    for k in TUNE_KNOBS {
+        be.set_knobs(product, g, Some(k));
+        let plan = chosen(be, product, g);
+        if !cands.iter().any(|(p, _)| *p == plan) {
+            cands.push((plan, Some(k)));
+        }
+    }
+    be.set_knobs(product, g, None);
+    cands
+}
+
+/// Runs `f` once under each of `product`'s candidate plans for `g` (that
+/// plan set meanwhile), with the plan's kernel name; the heuristic's plan
+/// is set again after. For tests: each candidate must be right.
+pub(super) fn for_each_candidate(
+    be: &CudaBackend,
+    product: Product,
+    g: &ConvGeom,
+    mut f: impl FnMut(&str) -> Result<()>,
+) -> Result<usize> {
+    let cands = candidates(be, product, g);
+    let result = cands.iter().try_for_each(|&((name, _), k)| {
+        be.set_knobs(product, g, k);
+        f(name)
+    });
+    be.set_knobs(product, g, None);
+    result.map(|()| cands.len())
+}
+
+/// Random operands of one convolution shape for the autotune's timings.
+struct TuneBufs {
+    x: CudaSlice<f32>,
+    w: CudaSlice<f32>,
+    bias: CudaSlice<f32>,
+    y: CudaSlice<f32>,
+    dx: CudaSlice<f32>,
+}
+
+impl TuneBufs {
+    fn new(be: &CudaBackend, g: &ConvGeom) -> Result<Self> {
+        let longest = g.x_len().max(g.y_len()).max(g.w_len());
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let host: Vec<f32> = (0..longest)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect();
+        let up = |len: usize| crate::backend::Backend::upload(be, &host[..len]);
+        Ok(Self {
+            x: up(g.x_len())?,
+            w: up(g.w_len())?,
+            bias: up(g.c_out)?,
+            y: up(g.y_len())?,
+            dx: up(g.x_len())?,
+        })
+    }
+
+    /// One run of `product` as the model runs it (forward with its ReLU,
+    /// data gradient through the ReLU before it); `y` stands in for dy.
+    fn run(&mut self, be: &CudaBackend, g: &ConvGeom, product: Product) -> Result<()> {
+        match product {
+            Product::Forward => {
+                conv_forward(be, g, &self.x, &self.w, &self.bias, &mut self.y, true, None)
+            }
+            Product::Data => {
+                conv_backward_data(be, g, &self.y, &self.w, &mut self.dx, Some(&self.x))
+            }
+        }
+    }
+}
+
+/// Times every distinct kernel choice of `g`'s forward and data gradient
+/// (with `data`) and keeps the fastest for that shape: what cuDNN's
+/// benchmark mode does. The heuristic plan is the first candidate and
+/// stays unless another is faster. A product's candidates differ in tile
+/// shape and operand roles, not in any output's order of summation, so
+/// the choice does not change results (`gpu_ops conv_autotune` checks them
+/// bit for bit). Returns the products that had a choice.
+pub(super) fn autotune(be: &CudaBackend, g: &ConvGeom, data: bool) -> Result<Vec<TunedKernel>> {
+    shape(g)?;
+    let mut bufs: Option<TuneBufs> = None;
+    let mut out = Vec::new();
+    for (product, label) in [
+        (Product::Forward, "forward"),
+        (Product::Data, "data gradient"),
+    ] {
+        if product == Product::Data && !data {
+            continue;
+        }
+        let logged = be.tune_log.lock().unwrap().get(&(product, *g)).cloned();
+        if let Some(t) = logged {
+            out.push(t);
+            continue;
+        }
+        let cands = candidates(be, product, g);
+        if cands.len() < 2 {
+            continue;
+        }
+        let b = match &mut bufs {
+            Some(b) => b,
+            None => bufs.insert(TuneBufs::new(be, g)?),
+        };
+        let mut times = Vec::with_capacity(cands.len());
+        for &(_, k) in &cands {
+            be.set_knobs(product, g, k);
+            let mut t = be.time_events(1, TUNE_REPS, || b.run(be, g, product))?;
+            t.sort_by(f32::total_cmp);
+            times.push(t[t.len() / 2]);
+        }
+        let best = (0..cands.len())
+            .min_by(|&i, &j| times[i].total_cmp(&times[j]))
+            .unwrap_or(0);
+        be.set_knobs(product, g, cands[best].1);
+        let t = TunedKernel {
+            product: label.to_string(),
+            kernel: cands[best].0.0.to_string(),
+            ms: times[best],
+            heuristic_kernel: cands[0].0.0.to_string(),
+            heuristic_ms: times[0],
+            candidates: cands.len(),
+        };
+        be.tune_log.lock().unwrap().insert((product, *g), t.clone());
+        out.push(t);
+    }
+    if bufs.is_some() {
+        // The losing candidates' workspaces go; the model's first step
+        // grows what its own kernels need.
+        drop(bufs);
+        be.release_workspaces()?;
+    }
+    Ok(out)
 }
 
 /// An operand copy of a convolution's x: in NHWC (`transpose`) or cut into
@@ -305,14 +521,15 @@ struct VecPlan {
 
 /// The channels-last data-gradient kernel for `g`, if the shape takes it.
 fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
+    let k = be.knobs(Product::Data, g);
     let (cg, fg) = (g.c_in / g.groups, g.c_out / g.groups);
     let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
     let pixels = g.n * g.h * g.w;
-    if let Some(plan) = transposed(be, "conv_backward_data_nhwc", cg, pixels, g.groups, fits) {
+    if let Some(plan) = transposed(be, k, "conv_backward_data_nhwc", cg, pixels, g.groups, fits) {
         return Some(plan);
     }
     let (cfg, wide) = tiles(be, cg, g.n * g.h * g.w, g.groups);
-    let (name, half) = channels_last(be, "conv_backward_data", fits, wide, Some(cfg.grid_dim))?;
+    let (name, half) = channels_last(be, k, "conv_backward_data", fits, wide, Some(cfg.grid_dim))?;
     Some(VecPlan {
         name,
         half,
@@ -336,9 +553,12 @@ fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
 /// their A fragments came from one `ldmatrix` (`…-v18/final/`, off → on:
 /// conv4 forward 0.373 → 0.297, data gradients conv4 0.414 → 0.352, conv5
 /// 0.302 → 0.253). `None` where it is off, the kernel does not exist, or
-/// the pixel tiles overflow grid y.
+/// the pixel tiles overflow grid y. With `k.transposed` at `All` (an
+/// autotune candidate), also where `channels` is a multiple of 64 that the
+/// usual tiles do not pad (128×64 tiles).
 fn transposed(
     be: &CudaBackend,
+    k: Knobs,
     base: &str,
     channels: usize,
     pixels: usize,
@@ -348,7 +568,8 @@ fn transposed(
     let pixel_tiles = pixels.div_ceil(128);
     let slim = channels.div_ceil(48) * 48 < channels.div_ceil(64) * 64;
     let wide = channels % 128 == 64 && channels > 64;
-    if !be.transposed || pixel_tiles > 65535 || !(slim || wide) {
+    let any64 = k.transposed == Transposed::All && channels.is_multiple_of(64);
+    if k.transposed == Transposed::Off || pixel_tiles > 65535 || !(slim || wide || any64) {
         return None;
     }
     let (tile, cols) = if slim {
@@ -413,6 +634,7 @@ fn data_from_nhwc(
 /// where `fits[0]`; `grid` as `vec_tiled` takes it.
 fn channels_last(
     be: &CudaBackend,
+    k: Knobs,
     base: &str,
     fits: [bool; 2],
     wide: bool,
@@ -420,14 +642,14 @@ fn channels_last(
 ) -> Option<(&'static str, bool)> {
     if fits[1]
         && be.bf16_operands
-        && let Some(k) = vec_tiled(be, &format!("{base}_nhwc16"), wide, grid)
+        && let Some(name) = vec_tiled(be, k, &format!("{base}_nhwc16"), wide, grid)
     {
-        return Some((k, true));
+        return Some((name, true));
     }
     if !fits[0] {
         return None;
     }
-    vec_tiled(be, &format!("{base}_nhwc"), wide, grid).map(|k| (k, false))
+    vec_tiled(be, k, &format!("{base}_nhwc"), wide, grid).map(|name| (name, false))
 }
 
 /// Vector kernel `base` (see `vec_kernel`; its name gives its tile shape):
@@ -445,6 +667,7 @@ fn channels_last(
 ///   only conv1's bf16 one has it: the others measured slower.
 fn vec_tiled(
     be: &CudaBackend,
+    k: Knobs,
     base: &str,
     wide: bool,
     grid: Option<(u32, u32, u32)>,
@@ -452,11 +675,11 @@ fn vec_tiled(
     let tile = VecTile::of(wide);
     let broad_tile = if wide { VecTile::Big } else { VecTile::Long };
     let plain = be.vec_kernel(base, true, tile);
-    let broad = (be.big_tiles != Some(false))
+    let broad = (k.big != Some(false))
         .then(|| be.vec_kernel(base, true, broad_tile))
         .flatten();
     match (broad, plain, grid) {
-        (Some(b), Some(p), Some((gx, gy, gz))) if wide && be.big_tiles.is_none() => {
+        (Some(b), Some(p), Some((gx, gy, gz))) if wide && k.big.is_none() => {
             let blocks = gy as usize * gz as usize;
             let (n_plain, n_broad) = (gx as usize * blocks, gx.div_ceil(2) as usize * blocks);
             if broad_fills_as_well(n_broad, be.wave(b), n_plain, be.wave(p)) {
@@ -485,6 +708,7 @@ fn broad_fills_as_well(broad: usize, broad_wave: usize, narrow: usize, narrow_wa
 /// (conv1). `None` otherwise.
 fn row_path(
     be: &CudaBackend,
+    k: Knobs,
     g: &ConvGeom,
     base: &str,
     wide: bool,
@@ -496,6 +720,7 @@ fn row_path(
     let half = be.precision == crate::config::Precision::Bf16 && be.bf16_operands;
     let name = vec_tiled(
         be,
+        k,
         &format!("{base}_rows{}", if half { "16" } else { "" }),
         wide,
         grid,
@@ -667,13 +892,14 @@ impl VecFilter {
 }
 
 fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
+    let kn = be.default_knobs();
     let m = g.c_out / g.groups;
     let wide = be.wide_tiles(m, None);
     let n_len = (g.c_in / g.groups) * g.k_h * g.k_w;
     let k = g.n * g.out_h() * g.out_w();
     let cg = g.c_in / g.groups;
     let base = grid(m, n_len, g.groups, wide);
-    let rows = row_path(be, g, "conv_backward_filter", wide, None)
+    let rows = row_path(be, kn, g, "conv_backward_filter", wide, None)
         .filter(|&(_, half, _)| m.is_multiple_of(if half { 8 } else { 4 }));
     if let Some((name, half, rw)) = rows {
         let one = vec_cfg(grid(m, g.k_h * rw, 1, wide), name);
@@ -690,7 +916,7 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
         cg.is_multiple_of(4) && m.is_multiple_of(4),
         cg.is_multiple_of(8) && m.is_multiple_of(8),
     ];
-    if let Some((name, half)) = channels_last(be, "conv_backward_filter", fits, wide, None) {
+    if let Some((name, half)) = channels_last(be, kn, "conv_backward_filter", fits, wide, None) {
         let splits = filter_splits(blocks(&vec_cfg(base, name)), k, be.wave(name));
         let cfg = grid(m, n_len, g.groups * splits as usize, wide);
         let plan = VecPlan {

@@ -301,6 +301,16 @@ pub struct CudaBackend {
     /// channels, 128×48 or 128×64 tiles) instead (`ALEXNET_TRANSPOSED=0`
     /// turns them off; benchmarks and tests).
     transposed: bool,
+    /// Whether `autotune_conv` times the candidate kernels of each shape
+    /// (off by default; `host train` and `host bench` turn it on as the
+    /// config's `train.autotune` says).
+    autotune: bool,
+    /// The autotune's choices, per product and shape (cleared when a
+    /// setting changes).
+    tuned: Mutex<HashMap<(conv::Product, ConvGeom), conv::Knobs>>,
+    /// What the autotune measured, per product and shape (a second model of
+    /// the same shapes reuses it).
+    tune_log: Mutex<HashMap<(conv::Product, ConvGeom), TunedKernel>>,
     /// Whether the loaded module is the Hopper one, with the warpgroup
     /// engine's kernels (see `crate::PTX_SM90A`).
     has_wgmma: bool,
@@ -449,6 +459,9 @@ impl CudaBackend {
                 _ => None,
             },
             transposed: std::env::var("ALEXNET_TRANSPOSED").map_or(true, |v| v != "0"),
+            autotune: false,
+            tuned: Default::default(),
+            tune_log: Default::default(),
             has_wgmma: hopper,
             wgmma: hopper && std::env::var("ALEXNET_WGMMA").is_ok_and(|v| v == "1"),
             scratch: Default::default(),
@@ -462,6 +475,74 @@ impl CudaBackend {
     /// Makes every graph captured so far stale (a setting changed).
     fn settings_changed(&mut self) {
         *self.generation.get_mut() += 1;
+        self.tuned
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.tune_log
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    /// Turns the autotune of convolution kernels on or off (see
+    /// [`Backend::autotune_conv`]).
+    /// `ALEXNET_AUTOTUNE=0` keeps it off.
+    pub fn set_autotune(&mut self, on: bool) {
+        self.autotune = on && std::env::var("ALEXNET_AUTOTUNE").map_or(true, |v| v != "0");
+    }
+
+    /// Runs `f` once under each kernel choice the autotune would time for
+    /// `product` (`"forward"` or `"data"`) of `g`, with that
+    /// choice set and its kernel's name; returns how many there were. The
+    /// built-in choice is set again after. For tests: every candidate must
+    /// agree with the reference.
+    pub fn for_each_conv_candidate(
+        &self,
+        g: &ConvGeom,
+        product: &str,
+        f: impl FnMut(&str) -> Result<()>,
+    ) -> Result<usize> {
+        let product = match product {
+            "forward" => conv::Product::Forward,
+            "data" => conv::Product::Data,
+            _ => bail!("the autotune has no convolution product {product:?} (forward, data)"),
+        };
+        conv::for_each_candidate(self, product, g, f)
+    }
+
+    /// The settings `product`'s plan for `g` reads: the autotune's choice,
+    /// else the backend's.
+    fn knobs(&self, product: conv::Product, g: &ConvGeom) -> conv::Knobs {
+        let tuned = self.tuned.lock().unwrap_or_else(|e| e.into_inner());
+        tuned
+            .get(&(product, *g))
+            .copied()
+            .unwrap_or_else(|| self.default_knobs())
+    }
+
+    /// The backend's own settings as knobs.
+    fn default_knobs(&self) -> conv::Knobs {
+        conv::Knobs {
+            transposed: if self.transposed {
+                conv::Transposed::Padded
+            } else {
+                conv::Transposed::Off
+            },
+            big: self.big_tiles,
+        }
+    }
+
+    /// Sets (or with `None` clears) the choice for `product` of `g`; graphs
+    /// captured before are stale.
+    fn set_knobs(&self, product: conv::Product, g: &ConvGeom, k: Option<conv::Knobs>) {
+        let mut tuned = self.tuned.lock().unwrap_or_else(|e| e.into_inner());
+        match k {
+            Some(k) => tuned.insert((product, *g), k),
+            None => tuned.remove(&(product, *g)),
+        };
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn context(&self) -> &Arc<CudaContext> {
@@ -656,6 +737,17 @@ impl CudaBackend {
             *ws = Some(buf);
         }
         f(ws.as_mut().unwrap())
+    }
+
+    /// Frees the split-K workspace and the scratch buffers (launches that
+    /// need them allocate them again); graphs captured before are stale.
+    fn release_workspaces(&self) -> Result<()> {
+        self.before_replacing("workspaces", 0)?;
+        *self.workspace.lock().unwrap() = None;
+        for s in &self.scratch {
+            *s.lock().unwrap() = None;
+        }
+        self.synchronize()
     }
 
     /// Runs `f` with scratch buffer `slot` of at least `len` floats.
@@ -954,6 +1046,12 @@ impl Backend for CudaBackend {
     }
     fn conv_kept_len(&self, g: &ConvGeom) -> usize {
         conv::kept_len(self, g)
+    }
+    fn autotune_conv(&self, g: &ConvGeom, data: bool) -> Result<Vec<TunedKernel>> {
+        if !self.autotune {
+            return Ok(Vec::new());
+        }
+        conv::autotune(self, g, data)
     }
     fn conv_forward_keep(
         &self,
