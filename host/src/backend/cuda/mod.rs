@@ -1403,6 +1403,24 @@ mod tests {
         }
     }
 
+    /// `build.rs` caps `lrn_pool_forward` at 64 registers (4 blocks of 256
+    /// threads per SM instead of 3; `…-v20/`), in both modules, and the
+    /// directive sits between the parameter list and the body, where PTX
+    /// takes it.
+    #[test]
+    fn lrn_pool_forward_is_capped_at_64_registers() {
+        for (module, ptx) in [("portable", crate::PTX), ("sm_90a", crate::PTX_SM90A)] {
+            let at = ptx
+                .find(".entry lrn_pool_forward(")
+                .unwrap_or_else(|| panic!("no lrn_pool_forward in the {module} module"));
+            let head = &ptx[at..at + ptx[at..].find('{').unwrap()];
+            assert!(
+                head.trim_end().ends_with(")\n.maxnreg 64"),
+                "{module} module: lrn_pool_forward's header is {head:?}"
+            );
+        }
+    }
+
     /// The kernels' division agrees with `/` for numerators below 2^31:
     /// every small divisor, powers of two and their neighbours, and the
     /// divisors the pooling kernels use, each over edge and sampled
