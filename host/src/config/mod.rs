@@ -99,7 +99,8 @@ pub struct TrainConfig {
     /// gradient) once when the model is built and keep the fastest
     /// (default true), as cuDNN's benchmark mode does. The candidates give
     /// bit-identical results, so this changes speed, not results; false
-    /// (or `ALEXNET_AUTOTUNE=0`) keeps the built-in choices.
+    /// (or `ALEXNET_AUTOTUNE=0`) keeps the built-in choices. Settings forced
+    /// with `ALEXNET_TRANSPOSED` / `ALEXNET_BIG_TILES` are kept.
     #[serde(default = "yes")]
     pub autotune: bool,
 }

@@ -259,6 +259,9 @@ fn candidates(be: &CudaBackend, product: Product, g: &ConvGeom) -> Vec<Candidate
     be.set_knobs(product, g, None);
     let mut cands = vec![(chosen(be, product, g), None)];
     for k in TUNE_KNOBS {
+        if !allowed(k, be.transposed, be.big_tiles) {
+            continue;
+        }
         be.set_knobs(product, g, Some(k));
         let plan = chosen(be, product, g);
         if !cands.iter().any(|(p, _)| *p == plan) {
@@ -267,6 +270,13 @@ fn candidates(be: &CudaBackend, product: Product, g: &ConvGeom) -> Vec<Candidate
     }
     be.set_knobs(product, g, None);
     cands
+}
+
+/// Whether the autotune may try `k` under the backend's settings: a
+/// setting forced from outside (`ALEXNET_TRANSPOSED=0`, `ALEXNET_BIG_TILES`)
+/// holds; only what is left to the heuristic is tuned.
+fn allowed(k: Knobs, transposed: bool, big: Option<bool>) -> bool {
+    (transposed || k.transposed == Transposed::Off) && (big.is_none() || k.big == big)
 }
 
 /// Runs `f` once under each of `product`'s candidate plans for `g` (that
@@ -1086,7 +1096,32 @@ fn channel_sums(
 
 #[cfg(test)]
 mod tests {
-    use super::{broad_fills_as_well, filter_splits};
+    use super::{Knobs, TUNE_KNOBS, Transposed, allowed, broad_fills_as_well, filter_splits};
+
+    /// The autotune tries all nine settings by default, and only those
+    /// that keep a setting forced from outside.
+    #[test]
+    fn autotune_keeps_forced_settings() {
+        let count = |t, b| TUNE_KNOBS.iter().filter(|&&k| allowed(k, t, b)).count();
+        assert_eq!(count(true, None), 9);
+        assert_eq!(count(false, None), 3);
+        assert_eq!(count(true, Some(false)), 3);
+        assert_eq!(count(false, Some(true)), 1);
+        let off = Knobs {
+            transposed: Transposed::Off,
+            big: Some(true),
+        };
+        assert!(allowed(off, false, Some(true)));
+        let all = Knobs {
+            transposed: Transposed::All,
+            ..off
+        };
+        assert!(!allowed(all, false, None));
+        // The nine are distinct.
+        for (i, a) in TUNE_KNOBS.iter().enumerate() {
+            assert!(TUNE_KNOBS[i + 1..].iter().all(|b| b != a));
+        }
+    }
 
     /// The AlexNet launches behind the measured choices (batch 128, 132
     /// SMs; 128×128 at two blocks per SM, 128×64 at three).
