@@ -107,19 +107,6 @@ impl Bench {
     }
 }
 
-fn rand_buf(be: &CudaBackend, len: usize, seed: u64) -> Result<cudarc::driver::CudaSlice<f32>> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let v: Vec<f32> = (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect();
-    be.upload(&v)
-}
-
 fn main() -> Result<()> {
     let filters: Vec<String> = std::env::args()
         .skip(1)
@@ -173,10 +160,10 @@ fn main() -> Result<()> {
         b.be.set_precision(p)?;
         for (i, (name, g)) in convs.iter().enumerate() {
             let seed = i as u64 * 10;
-            let x = rand_buf(&b.be, g.x_len(), seed)?;
-            let w = rand_buf(&b.be, g.w_len(), seed + 1)?;
-            let bias = rand_buf(&b.be, g.c_out, seed + 2)?;
-            let dy = rand_buf(&b.be, g.y_len(), seed + 3)?;
+            let x = b.be.random(g.x_len(), seed)?;
+            let w = b.be.random(g.w_len(), seed + 1)?;
+            let bias = b.be.random(g.c_out, seed + 2)?;
+            let dy = b.be.random(g.y_len(), seed + 3)?;
             let mut y = b.be.zeros(g.y_len())?;
             let mut dx = b.be.zeros(g.x_len())?;
             let mut dw = b.be.zeros(g.w_len())?;
@@ -207,10 +194,10 @@ fn main() -> Result<()> {
         {
             let g = FcGeom { n, inputs, outputs };
             let seed = 100 + i as u64 * 10;
-            let x = rand_buf(&b.be, n * inputs, seed)?;
-            let w = rand_buf(&b.be, inputs * outputs, seed + 1)?;
-            let bias = rand_buf(&b.be, outputs, seed + 2)?;
-            let dy = rand_buf(&b.be, n * outputs, seed + 3)?;
+            let x = b.be.random(n * inputs, seed)?;
+            let w = b.be.random(inputs * outputs, seed + 1)?;
+            let bias = b.be.random(outputs, seed + 2)?;
+            let dy = b.be.random(n * outputs, seed + 3)?;
             let (mut y, mut dx, mut dw, mut db) = (
                 b.be.zeros(n * outputs)?,
                 b.be.zeros(n * inputs)?,
@@ -240,9 +227,9 @@ fn main() -> Result<()> {
     b.be.set_precision(Precision::Fp32)?;
 
     let relu_len = n * 96 * 55 * 55;
-    let mut act = rand_buf(&b.be, relu_len, 200)?;
-    let mut grad = rand_buf(&b.be, relu_len, 201)?;
-    let act_y = rand_buf(&b.be, relu_len, 202)?;
+    let mut act = b.be.random(relu_len, 200)?;
+    let mut grad = b.be.random(relu_len, 201)?;
+    let act_y = b.be.random(relu_len, 202)?;
     b.run(
         "relu_forward",
         "conv1 out",
@@ -266,7 +253,7 @@ fn main() -> Result<()> {
         ("conv4 x 384x13x13", 384, 13),
     ] {
         let len = n * c * hw * hw;
-        let src = rand_buf(&b.be, len, 250)?;
+        let src = b.be.random(len, 250)?;
         let mut dst = b.be.zeros(len)?;
         for (kernel, elem, bytes) in [
             ("transpose", Elem::F32, 8.0),
@@ -291,7 +278,7 @@ fn main() -> Result<()> {
     // conv1's input cut into window rows (the row-patch conv path).
     {
         let g = convs[0].1;
-        let src = rand_buf(&b.be, g.x_len(), 260)?;
+        let src = b.be.random(g.x_len(), 260)?;
         for (kernel, rw, elem) in [
             ("row_patches", 36, Elem::F32),
             ("row_patches_tf32", 36, Elem::Tf32),
@@ -307,7 +294,7 @@ fn main() -> Result<()> {
         }
     }
 
-    let w6 = rand_buf(&b.be, 4096 * 9216, 270)?;
+    let w6 = b.be.random(4096 * 9216, 270)?;
     let mut w6h = b.be.zeros(4096 * 9216 / 2)?;
     b.run(
         "convert_bf16",
@@ -329,8 +316,8 @@ fn main() -> Result<()> {
             k: 2.0,
         };
         let len = p.len();
-        let x = rand_buf(&b.be, len, 300)?;
-        let dy = rand_buf(&b.be, len, 301)?;
+        let x = b.be.random(len, 300)?;
+        let dy = b.be.random(len, 301)?;
         let (mut y, mut s, mut dx) = (b.be.zeros(len)?, b.be.zeros(len)?, b.be.zeros(len)?);
         b.run("lrn_forward", name, 0.0, 12.0 * len as f64, |be| {
             be.lrn_forward(&p, &x, &mut y, &mut s)
@@ -364,8 +351,8 @@ fn main() -> Result<()> {
             size: 3,
             stride: 2,
         };
-        let x = rand_buf(&b.be, p.len(), 310)?;
-        let dz = rand_buf(&b.be, g.y_len(), 311)?;
+        let x = b.be.random(p.len(), 310)?;
+        let dz = b.be.random(g.y_len(), 311)?;
         let (mut z, mut arg, mut dx) = (
             b.be.zeros(g.y_len())?,
             b.be.zeros(g.y_len())?,
@@ -393,8 +380,8 @@ fn main() -> Result<()> {
             size: 3,
             stride: 2,
         };
-        let x = rand_buf(&b.be, g.x_len(), 400)?;
-        let dy = rand_buf(&b.be, g.y_len(), 401)?;
+        let x = b.be.random(g.x_len(), 400)?;
+        let dy = b.be.random(g.y_len(), 401)?;
         let (mut y, mut arg, mut dx) = (
             b.be.zeros(g.y_len())?,
             b.be.zeros(g.y_len())?,
@@ -422,7 +409,7 @@ fn main() -> Result<()> {
     // One step throughout: a new step would add the write of the per-step
     // values (8 bytes, queued before the launch) to the kernel's time.
     let drop_len = n * 4096;
-    let mut d = rand_buf(&b.be, drop_len, 500)?;
+    let mut d = b.be.random(drop_len, 500)?;
     b.run(
         "dropout_forward",
         "fc6 out",
@@ -457,7 +444,7 @@ fn main() -> Result<()> {
     )?;
 
     let classes = 1000;
-    let logits = rand_buf(&b.be, n * classes, 600)?;
+    let logits = b.be.random(n * classes, 600)?;
     let labels = b.be.upload_labels(
         &(0..n as i32)
             .map(|i| (i * 7) % classes as i32)
@@ -496,9 +483,9 @@ fn main() -> Result<()> {
             let len = shape.iter().product();
             let seed = 700 + 3 * i as u64;
             Ok([
-                rand_buf(&b.be, len, seed)?,
-                rand_buf(&b.be, len, seed + 1)?,
-                rand_buf(&b.be, len, seed + 2)?,
+                b.be.random(len, seed)?,
+                b.be.random(len, seed + 1)?,
+                b.be.random(len, seed + 2)?,
             ])
         })
         .collect::<Result<Vec<_>>>()?;

@@ -308,23 +308,12 @@ struct TuneBufs {
 
 impl TuneBufs {
     fn new(be: &CudaBackend, g: &ConvGeom) -> Result<Self> {
-        let longest = g.x_len().max(g.y_len()).max(g.w_len());
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        let host: Vec<f32> = (0..longest)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect();
-        let up = |len: usize| crate::backend::Backend::upload(be, &host[..len]);
         Ok(Self {
-            x: up(g.x_len())?,
-            w: up(g.w_len())?,
-            bias: up(g.c_out)?,
-            y: up(g.y_len())?,
-            dx: up(g.x_len())?,
+            x: be.random(g.x_len(), 1)?,
+            w: be.random(g.w_len(), 2)?,
+            bias: be.random(g.c_out, 3)?,
+            y: be.random(g.y_len(), 4)?,
+            dx: be.random(g.x_len(), 5)?,
         })
     }
 

@@ -1333,6 +1333,21 @@ impl CudaBackend {
             .collect()
     }
 
+    /// `len` floats uniform in [−1, 1) from a xorshift stream keyed by
+    /// `seed` (operands for benchmarks and the autotune's timings).
+    pub fn random(&self, len: usize, seed: u64) -> Result<CudaSlice<f32>> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let v: Vec<f32> = (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        self.upload(&v)
+    }
+
     /// A buffer filled with NaN, for tests that check every output is written.
     pub fn poisoned(&self, len: usize) -> Result<CudaSlice<f32>> {
         self.upload(&vec![f32::NAN; len])
