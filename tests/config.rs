@@ -272,6 +272,7 @@ const BAD: &[(&str, &str, &str)] = &[
     ("conv-stride-zero", "model.layers[4].stride", "must be ≥ 1, got 0"),
     ("conv-window-larger-than-padded-input", "model.layers[4].size", "11×11 window does not fit the 8×8 input padded by 1"),
     ("crop-mismatch", "data.augment.crop", "24 does not match the model input 16×16"),
+    ("deterministic-false", "train.deterministic", "false is not offered: every kernel reduces in a fixed order"),
     ("dropout-p-one", "model.layers[9].p", "must be in [0, 1), got 1"),
     ("duplicate-layer-field", "model.layers[0].size", "duplicate field `size`"),
     ("duplicate-layer-names", "model.layers[4].name", "duplicate layer name \"conv1\" (also model.layers[0])"),

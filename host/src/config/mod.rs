@@ -90,7 +90,10 @@ pub struct TrainConfig {
     /// Seeds initialisation, data order, augmentation and dropout (default 0).
     #[serde(default)]
     pub seed: u64,
-    /// Bitwise-reproducible reductions on one device (default true).
+    /// Bitwise-reproducible training on one device. Always true: every
+    /// kernel sums in a fixed order (no atomics, split-K partial sums added
+    /// by a separate pass), so a run repeats bit for bit with the same seed;
+    /// `false` is rejected rather than silently ignored.
     #[serde(default = "yes")]
     pub deterministic: bool,
     #[serde(default)]
@@ -333,6 +336,13 @@ fn check_train(t: &TrainConfig) -> Result<(), Invalid> {
     positive_int("train.eval_every", t.eval_every)?;
     positive_int("train.checkpoint_every", t.checkpoint_every)?;
     positive_int("train.keep_checkpoints", t.keep_checkpoints)?;
+    if !t.deterministic {
+        return invalid(
+            "train.deterministic",
+            "false is not offered: every kernel reduces in a fixed order, so training is always \
+             bitwise reproducible on one device (set true or leave the field out)",
+        );
+    }
     let factor = match &t.lr_schedule {
         LrSchedule::Step { epochs, factor } => {
             let mut previous = 0;
