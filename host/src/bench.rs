@@ -497,20 +497,36 @@ pub struct LoaderResult {
     pub batch: usize,
     pub batches: usize,
     pub workers: usize,
+    /// All timed batches.
     pub images_per_sec: f32,
+    /// The timed batches of the first epoch (a cached synthetic set makes
+    /// its images then).
+    pub first_epoch_images_per_sec: Option<f32>,
+    /// The timed batches of later epochs, if the run reached one.
+    pub later_epochs_images_per_sec: Option<f32>,
 }
 
 impl LoaderResult {
     pub fn print(&self) {
+        let rate = |r: Option<f32>| r.map_or("-".to_string(), |r| format!("{r:.0}"));
         println!(
-            "loader: {} batches of {} from {} on {} worker threads: {:.0} images/s",
-            self.batches, self.batch, self.dataset, self.workers, self.images_per_sec
+            "loader: {} batches of {} from {} on {} worker threads: {:.0} images/s \
+             (first epoch {}, later epochs {})",
+            self.batches,
+            self.batch,
+            self.dataset,
+            self.workers,
+            self.images_per_sec,
+            rate(self.first_epoch_images_per_sec),
+            rate(self.later_epochs_images_per_sec)
         );
     }
 }
 
 /// Times `batches` training batches of the config's loader (after one
-/// warm-up batch per worker), wall clock.
+/// warm-up batch per worker), wall clock, going on into further epochs
+/// where one is too short; the first epoch and the later ones are also
+/// reported apart.
 pub fn bench_loader(cfg: &Config, batch: usize, batches: usize) -> Result<LoaderResult> {
     use crate::data::{Loader, LoaderConfig};
     let (train, _) = crate::train::open_data(cfg)?;
@@ -518,30 +534,45 @@ pub fn bench_loader(cfg: &Config, batch: usize, batches: usize) -> Result<Loader
     let workers = lc.workers;
     let loader = Loader::new(train.clone(), lc)?;
     let available = loader.batches_per_epoch();
-    let warm = workers.min(available.saturating_sub(1));
-    let batches = batches.min(available - warm);
-    if batches == 0 {
+    if available < 2 || batches == 0 {
         anyhow::bail!("the dataset holds fewer than two batches of {batch}");
     }
+    let warm = workers.min(available - 1);
+    let mut epoch_index = 0;
     let mut epoch = loader.epoch(0);
     for _ in 0..warm {
         epoch.next().transpose()?;
     }
-    let start = std::time::Instant::now();
-    let mut images = 0;
+    // (images, seconds) of the first epoch's timed batches and the later ones'.
+    let mut spans = [(0usize, 0f32); 2];
+    let mut last = std::time::Instant::now();
     for _ in 0..batches {
-        let b = epoch
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("the loader ended the epoch early"))??;
-        images += b.n;
+        let b = match epoch.next() {
+            Some(b) => b?,
+            None => {
+                epoch_index += 1;
+                epoch = loader.epoch(epoch_index);
+                epoch.next().ok_or_else(|| {
+                    anyhow::anyhow!("epoch {epoch_index} of the loader is empty")
+                })??
+            }
+        };
+        let now = std::time::Instant::now();
+        let span = &mut spans[usize::from(epoch_index > 0)];
+        span.0 += b.n;
+        span.1 += (now - last).as_secs_f32();
+        last = now;
     }
-    let secs = start.elapsed().as_secs_f32();
+    let rate = |(images, secs): (usize, f32)| (images > 0).then(|| images as f32 / secs);
+    let (images, secs) = (spans[0].0 + spans[1].0, spans[0].1 + spans[1].1);
     Ok(LoaderResult {
         dataset: train.describe(),
         batch,
         batches,
         workers,
         images_per_sec: images as f32 / secs,
+        first_epoch_images_per_sec: rate(spans[0]),
+        later_epochs_images_per_sec: rate(spans[1]),
     })
 }
 

@@ -95,7 +95,8 @@ enum Command {
         #[arg(long)]
         profile: bool,
         /// Time the config's training data pipeline alone (no model, no
-        /// GPU): --steps batches of each --batch-size.
+        /// GPU): --steps batches of each --batch-size, into later epochs
+        /// where one is shorter (reported apart from the first).
         #[arg(long, conflicts_with_all = ["profile", "gpus", "devices"])]
         loader: bool,
         /// Arithmetic of the conv/fc products (default: the config's train.precision).

@@ -145,7 +145,7 @@ pub fn open_val(cfg: &Config) -> Result<Arc<dyn Dataset>> {
             shape,
             seed,
             ..
-        } => Arc::new(Synthetic::new(val_size, classes, shape, seed, Split::Val)?),
+        } => Arc::new(Synthetic::new(val_size, classes, shape, seed, Split::Val)?.cached()),
         SourceSpec::Folder { path } => Arc::new(FolderDataset::open(&path, Split::Val)?),
         SourceSpec::Packed { path } => Arc::new(Packed::open(&path, Split::Val)?),
         SourceSpec::FashionMnist { path } => Arc::new(FashionMnist::open(&path, Split::Val)?),

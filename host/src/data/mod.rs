@@ -181,20 +181,8 @@ pub fn open_train_val(source: &SourceSpec) -> Result<(Arc<dyn Dataset>, Arc<dyn 
             shape,
             seed,
         } => (
-            Arc::new(Synthetic::new(
-                *train_size,
-                *classes,
-                *shape,
-                *seed,
-                Split::Train,
-            )?),
-            Arc::new(Synthetic::new(
-                *val_size,
-                *classes,
-                *shape,
-                *seed,
-                Split::Val,
-            )?),
+            Arc::new(Synthetic::new(*train_size, *classes, *shape, *seed, Split::Train)?.cached()),
+            Arc::new(Synthetic::new(*val_size, *classes, *shape, *seed, Split::Val)?.cached()),
         ),
         SourceSpec::Folder { path } => {
             let train = FolderDataset::open(path, Split::Train)?;

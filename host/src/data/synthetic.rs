@@ -9,9 +9,15 @@
 //! frequency need spatial filters, which is what a convolutional network
 //! learns, so accuracy starts near chance and climbs. Class prototypes depend
 //! on the seed only, so the train and validation splits share them while
-//! their samples differ. Nothing is stored: `get(i)` recomputes the image.
+//! their samples differ. `get(i)` computes the image from scratch, unless
+//! the set was made with [`Synthetic::cached`]: then each image is kept in
+//! memory the first time it is made (about 1 ms of a core for 256×256×3)
+//! and later epochs only copy it, within a memory budget shared by all
+//! cached sets ([`cache_budget`]).
 
 use std::f32::consts::PI;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{Result, bail};
 use rand::Rng;
@@ -73,6 +79,57 @@ pub struct Synthetic {
     seed: u64,
     split: Split,
     prototypes: Vec<Prototype>,
+    /// Images made so far, where the set is cached (shared by clones).
+    cache: Option<Arc<Cache>>,
+}
+
+/// Upper bound of the memory all cached synthetic sets may hold together.
+const CACHE_MAX: usize = 8 << 30;
+
+/// Bytes reserved by the cached sets alive now.
+static CACHE_RESERVED: AtomicUsize = AtomicUsize::new(0);
+
+/// The memory all cached sets together may hold: [`CACHE_MAX`] or half of
+/// what the system reports available when the first set asks, whichever
+/// is less (nothing where the figure cannot be read: no Linux
+/// `/proc/meminfo`).
+pub fn cache_budget() -> usize {
+    static BUDGET: OnceLock<usize> = OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        let available_kib = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|info| {
+                let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+                line.split_whitespace().nth(1)?.parse::<usize>().ok()
+            })
+            .unwrap_or(0);
+        (available_kib.saturating_mul(1024) / 2).min(CACHE_MAX)
+    })
+}
+
+/// A cached set's images (pixels and label), each filled on first use; its
+/// share of [`CACHE_RESERVED`] is given back when the last clone drops.
+struct Cache {
+    images: Vec<OnceLock<(Box<[u8]>, i32)>>,
+    bytes: usize,
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        CACHE_RESERVED.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let made = self.images.iter().filter(|i| i.get().is_some()).count();
+        write!(
+            f,
+            "Cache({made} of {} images, {} bytes)",
+            self.images.len(),
+            self.bytes
+        )
+    }
 }
 
 impl Synthetic {
@@ -125,33 +182,38 @@ impl Synthetic {
             seed,
             split,
             prototypes,
+            cache: None,
         })
     }
-}
 
-impl Dataset for Synthetic {
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn classes(&self) -> usize {
-        self.prototypes.len()
-    }
-
-    fn class_names(&self) -> Vec<String> {
-        (0..self.prototypes.len())
-            .map(|k| format!("pattern-{k}"))
-            .collect()
-    }
-
-    fn image_shape(&self) -> [usize; 3] {
-        self.shape
-    }
-
-    fn get(&self, i: usize) -> Result<Sample> {
-        if i >= self.len {
-            bail!("synthetic data: index {i} out of range (len {})", self.len);
+    /// This set, keeping each image in memory once made, if all of them
+    /// fit what is left of [`cache_budget`]; else unchanged (the images
+    /// are the same bytes either way).
+    pub fn cached(mut self) -> Self {
+        if self.cache.is_some() {
+            return self;
         }
+        let bytes = self.len.saturating_mul(self.shape.iter().product());
+        let budget = cache_budget();
+        let reserved = CACHE_RESERVED.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| {
+            r.checked_add(bytes).filter(|&t| t <= budget)
+        });
+        if reserved.is_ok() {
+            self.cache = Some(Arc::new(Cache {
+                images: (0..self.len).map(|_| OnceLock::new()).collect(),
+                bytes,
+            }));
+        }
+        self
+    }
+
+    /// Whether made images are kept in memory (see [`Synthetic::cached`]).
+    pub fn is_cached(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    /// Image `i` (below `len`) and its label, computed.
+    fn make(&self, i: usize) -> (Vec<u8>, i32) {
         let [c, h, w] = self.shape;
         let split = match self.split {
             Split::Train => 0,
@@ -204,20 +266,62 @@ impl Dataset for Synthetic {
                 *p = (v.clamp(0.0, 1.0) * 255.0 + 0.5) as u8;
             }
         }
+        (pixels, label as i32)
+    }
+}
+
+impl Dataset for Synthetic {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn classes(&self) -> usize {
+        self.prototypes.len()
+    }
+
+    fn class_names(&self) -> Vec<String> {
+        (0..self.prototypes.len())
+            .map(|k| format!("pattern-{k}"))
+            .collect()
+    }
+
+    fn image_shape(&self) -> [usize; 3] {
+        self.shape
+    }
+
+    fn get(&self, i: usize) -> Result<Sample> {
+        if i >= self.len {
+            bail!("synthetic data: index {i} out of range (len {})", self.len);
+        }
+        let (pixels, label) = match &self.cache {
+            Some(cache) => {
+                let (pixels, label) = cache.images[i].get_or_init(|| {
+                    let (pixels, label) = self.make(i);
+                    (pixels.into_boxed_slice(), label)
+                });
+                (pixels.to_vec(), *label)
+            }
+            None => self.make(i),
+        };
         Ok(Sample {
             pixels: Pixels::U8(pixels),
-            label: label as i32,
+            label,
         })
     }
 
     fn describe(&self) -> String {
         format!(
-            "synthetic {} split (seed {}): {} images, {} classes, shape {:?}",
+            "synthetic {} split (seed {}): {} images, {} classes, shape {:?}{}",
             self.split.name(),
             self.seed,
             self.len,
             self.prototypes.len(),
-            self.shape
+            self.shape,
+            if self.is_cached() {
+                ", kept in memory once made"
+            } else {
+                ""
+            }
         )
     }
 }
@@ -253,6 +357,35 @@ mod tests {
     fn default_set_bytes_are_fixed() {
         assert_eq!(fingerprint(Split::Train, 6), 4158714050515713815, "train");
         assert_eq!(fingerprint(Split::Val, 6), 15754697298104867975, "val");
+    }
+
+    /// A cached set gives the same samples as an uncached one, on first
+    /// use (made) and after (copied), from clones sharing the cache too.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn cached_set_gives_the_same_samples() {
+        let plain = Synthetic::new(40, 7, [3, 9, 11], 3, Split::Train).unwrap();
+        let cached = plain.clone().cached();
+        assert!(cached.is_cached() && !plain.is_cached());
+        assert!(cached.describe().ends_with("kept in memory once made"));
+        let twin = cached.clone();
+        for round in 0..2 {
+            for i in 0..40 {
+                let want = plain.get(i).unwrap();
+                assert_eq!(cached.get(i).unwrap(), want, "image {i}, round {round}");
+                assert_eq!(twin.get(i).unwrap(), want, "clone, image {i}");
+            }
+        }
+        assert!(cached.get(40).is_err());
+    }
+
+    /// A set larger than the budget stays uncached (and reserves nothing).
+    #[test]
+    fn oversized_set_is_not_cached() {
+        let huge = Synthetic::new(usize::MAX / 4, 2, [3, 256, 256], 1, Split::Val).unwrap();
+        let huge = huge.cached();
+        assert!(!huge.is_cached());
+        assert!(huge.get(12345).is_ok());
     }
 
     #[test]
