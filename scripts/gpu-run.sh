@@ -58,12 +58,17 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   fi
 fi
 if [ "$what" = compare ]; then
+  # The files benches/compare_table.py reads, in $logs/table/.
+  t=$logs/table
+  mkdir -p "$t"
   for p in tf32 bf16; do
-    run compare-ours-$p "$here/bin/host" bench configs/alexnet.json --batch-size 128,256 --profile --precision $p --device cuda
+    run compare-ours-$p "$here/bin/host" bench configs/alexnet.json --batch-size 128,256 --profile --precision $p --device cuda --json "$t/bench-$p.json"
+    run compare-kernels-$p env ALEXNET_BENCH_JSON="$t/kernels-$p.json" "$here/bin/kernels" $p
   done
-  run compare-kernels "$here/bin/kernels" conv fc
   if python3 -c 'import torch' 2>/dev/null; then
     run compare-pytorch python3 benches/pytorch_reference.py --batch-size 128 256 --precision tf32 bf16 --layers
+    cp "$logs/compare-pytorch.log" "$t/pytorch.log"
+    run compare-table python3 benches/compare_table.py "$t"
   else
     echo "=== compare-pytorch: SKIPPED (python3 cannot import torch)"
   fi
