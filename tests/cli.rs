@@ -422,7 +422,7 @@ fn bench_loader_reports_images_per_second() {
     // 512 training images make 32 batches of 16: the 40 timed batches run
     // into the second epoch, reported apart; the set is cached.
     assert!(out.contains("loader: 40 batches of 16"), "{out}");
-    assert!(out.contains("kept in memory once made"), "{out}");
+    assert!(out.contains("(kept in memory once made)"), "{out}");
     let rows: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     for field in [

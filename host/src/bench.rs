@@ -534,8 +534,11 @@ pub fn bench_loader(cfg: &Config, batch: usize, batches: usize) -> Result<Loader
     let workers = lc.workers;
     let loader = Loader::new(train.clone(), lc)?;
     let available = loader.batches_per_epoch();
-    if available < 2 || batches == 0 {
-        anyhow::bail!("the dataset holds fewer than two batches of {batch}");
+    if available == 0 {
+        anyhow::bail!("the training set holds no full batch of {batch}");
+    }
+    if batches == 0 {
+        anyhow::bail!("--steps must be at least 1 for --loader");
     }
     let warm = workers.min(available - 1);
     let mut epoch_index = 0;

@@ -318,7 +318,7 @@ impl Dataset for Synthetic {
             self.prototypes.len(),
             self.shape,
             if self.is_cached() {
-                ", kept in memory once made"
+                " (kept in memory once made)"
             } else {
                 ""
             }
@@ -367,7 +367,7 @@ mod tests {
         let plain = Synthetic::new(40, 7, [3, 9, 11], 3, Split::Train).unwrap();
         let cached = plain.clone().cached();
         assert!(cached.is_cached() && !plain.is_cached());
-        assert!(cached.describe().ends_with("kept in memory once made"));
+        assert!(cached.describe().ends_with("(kept in memory once made)"));
         let twin = cached.clone();
         for round in 0..2 {
             for i in 0..40 {
