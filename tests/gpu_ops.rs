@@ -2010,13 +2010,21 @@ fn train_steps_graph(c: &mut Ctx) -> Result<()> {
 /// asynchronous copies: back-to-back writes (reusing a buffer while the copy
 /// out of it may still be queued, and overwriting a device buffer) must land
 /// exactly.
+/// Large writes go through the two pinned staging buffers while the
+/// stream is kept busy (ReLUs over a 1 GB buffer queued first), so the
+/// copies wait on the GPU while the host refills the buffers: a refill that
+/// did not wait for its buffer's previous copy shows as wrong data.
 fn staged_writes(c: &mut Ctx) -> Result<()> {
     c.gpu.set_pinned_uploads(true);
+    let mut busy = c.gpu.upload(&vec![1.0; 1 << 28])?;
     for len in [(1 << 18) + 17, 3 << 18] {
         let data: Vec<Vec<f32>> = (0..5).map(|_| c.randn(len, 1.0)).collect();
         let mut bufs: Vec<_> = (0..3).map(|_| c.gpu.poisoned(len)).collect::<Result<_>>()?;
+        for _ in 0..8 {
+            c.gpu.relu_forward(&mut busy)?;
+        }
         // Five writes alternate over the two staging buffers; buffer 2 is
-        // written twice, the second write must win.
+        // written three times, the last write must win.
         for (i, d) in data.iter().enumerate() {
             c.gpu.write(&mut bufs[i.min(2)], d)?;
         }

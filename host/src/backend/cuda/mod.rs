@@ -360,11 +360,18 @@ pub enum GemmTiles {
 /// Two page-locked host buffers used in turn: a large `write` copies the
 /// caller's data into one (CPU threads) and queues an asynchronous copy from
 /// it, so the host thread does not wait for the GPU to reach the copy (a
-/// pageable copy of a batch would). Reusing a buffer waits for its previous
-/// copy (the buffer's own event).
+/// pageable copy of a batch would). Reusing a buffer first waits for its
+/// previous copy: an event of ours recorded after each copy. (The pinned
+/// buffer's own event is recorded only while cudarc tracks events, which
+/// this backend turns off; relying on it let a training step's batch be
+/// overwritten by the next one's while its copy still waited behind the
+/// step before, once the GPU rather than the loader set the pace.)
 #[derive(Default)]
 struct Staging {
-    bufs: [Option<cudarc::driver::PinnedHostSlice<f32>>; 2],
+    bufs: [Option<(
+        cudarc::driver::PinnedHostSlice<f32>,
+        cudarc::driver::CudaEvent,
+    )>; 2],
     next: usize,
 }
 
@@ -943,8 +950,10 @@ impl Backend for CudaBackend {
         let slot = staging.next;
         staging.next ^= 1;
         let buf = &mut staging.bufs[slot];
-        if buf.as_ref().is_none_or(|b| b.len() != host.len()) {
-            *buf = None;
+        if buf.as_ref().is_none_or(|(b, _)| b.len() != host.len()) {
+            if let Some((_, copied)) = buf.take() {
+                copied.synchronize().map_err(gpu_err)?;
+            }
             // Safety: the buffer is filled below before any copy reads it.
             let fresh = unsafe { self.ctx.alloc_pinned::<f32>(host.len()) }.map_err(|e| {
                 anyhow!(
@@ -952,19 +961,22 @@ impl Backend for CudaBackend {
                     (host.len() * 4) >> 20
                 )
             })?;
-            *buf = Some(fresh);
+            let copied = self.stream.record_event(None).map_err(gpu_err)?;
+            *buf = Some((fresh, copied));
         }
-        let buf = buf.as_mut().expect("staging buffer allocated above");
+        let (buf, copied) = buf.as_mut().expect("staging buffer allocated above");
+        // Waits until the previous copy out of this buffer is done.
+        copied.synchronize().map_err(gpu_err)?;
         {
             use rayon::prelude::*;
-            // Waits until the previous copy out of this buffer is done.
             let pinned = buf.as_mut_slice().map_err(gpu_err)?;
             pinned
                 .par_chunks_mut(1 << 16)
                 .zip(host.par_chunks(1 << 16))
                 .for_each(|(d, s)| d.copy_from_slice(s));
         }
-        self.stream.memcpy_htod(&*buf, dst).map_err(gpu_err)
+        self.stream.memcpy_htod(&*buf, dst).map_err(gpu_err)?;
+        copied.record(&self.stream).map_err(gpu_err)
     }
     fn download(&self, buf: &CudaSlice<f32>) -> Result<Vec<f32>> {
         let v = self.stream.clone_dtoh(buf).map_err(gpu_err)?;
