@@ -2010,10 +2010,10 @@ fn train_steps_graph(c: &mut Ctx) -> Result<()> {
 /// asynchronous copies: back-to-back writes (reusing a buffer while the copy
 /// out of it may still be queued, and overwriting a device buffer) must land
 /// exactly.
-/// Large writes go through the two pinned staging buffers while the
-/// stream is kept busy (ReLUs over a 1 GB buffer queued first), so the
-/// copies wait on the GPU while the host refills the buffers: a refill that
-/// did not wait for its buffer's previous copy shows as wrong data.
+/// Large writes go through the staging slots and the upload stream while
+/// the compute stream is kept busy (ReLUs over a 1 GB buffer queued first),
+/// so a copy that did not wait for the compute stream's earlier read of its
+/// slot, or a read that did not wait for its copy, shows as wrong data.
 fn staged_writes(c: &mut Ctx) -> Result<()> {
     c.gpu.set_pinned_uploads(true);
     let mut busy = c.gpu.upload(&vec![1.0; 1 << 28])?;
@@ -2023,12 +2023,20 @@ fn staged_writes(c: &mut Ctx) -> Result<()> {
         for _ in 0..8 {
             c.gpu.relu_forward(&mut busy)?;
         }
-        // Five writes alternate over the two staging buffers; buffer 2 is
-        // written three times, the last write must win.
+        // Five writes alternate over the two staging slots; buffer 2 is
+        // written three times, the last write must win. Each buffer is
+        // read by a kernel (ReLU in place) right after its first write.
         for (i, d) in data.iter().enumerate() {
             c.gpu.write(&mut bufs[i.min(2)], d)?;
+            if i < 2 {
+                c.gpu.relu_forward(&mut bufs[i])?;
+            }
         }
-        for (i, want) in [&data[0], &data[1], &data[4]].into_iter().enumerate() {
+        let relu = |v: &Vec<f32>| v.iter().map(|x| x.max(0.0)).collect::<Vec<f32>>();
+        for (i, want) in [relu(&data[0]), relu(&data[1]), data[4].clone()]
+            .iter()
+            .enumerate()
+        {
             let got = c.gpu.download(&bufs[i])?;
             c.check(
                 "staged_writes",
