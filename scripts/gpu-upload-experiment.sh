@@ -14,7 +14,7 @@ for u in 1 0; do
   cp /tmp/runs$u/alexnet/metrics.jsonl $L/train-metrics-upload$u.jsonl 2>/dev/null
 done
 r bench-bf16 100 .gpu/bin/host bench configs/alexnet.json --batch-size 128 --precision bf16 --device cuda
-tail -1 $L/gpu_ops-staged.log $L/memcheck.log >> $L/summary.log
+tail -n 1 $L/gpu_ops-staged.log $L/memcheck.log >> $L/summary.log
 for u in 1 0; do echo "upload stream $u:"; grep '"train"' $L/train-metrics-upload$u.jsonl | tail -5; done >> $L/summary.log 2>&1
 grep -h "images/s" $L/bench-bf16.log >> $L/summary.log
 cat $L/summary.log; pack

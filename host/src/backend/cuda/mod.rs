@@ -404,8 +404,9 @@ impl CudaBackend {
             bail!("GPU {ordinal} requested but only {count} CUDA device(s) are visible");
         }
         let ctx = CudaContext::new(ordinal).map_err(gpu_err)?;
-        // One stream per backend: ordering is the stream's, so cudarc's
-        // per-buffer event tracking would only add overhead.
+        // Kernels run on one stream, whose order is theirs, so cudarc's
+        // per-buffer event tracking would only add overhead; the upload
+        // stream is ordered against it by `Staging`'s own events.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(gpu_err)?;
         let upload_stream = ctx.new_stream().map_err(gpu_err)?;
