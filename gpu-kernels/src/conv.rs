@@ -874,27 +874,40 @@ gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const 
     conv_forward_nhwc16_bf16_wg: WGMMA, 0; conv_forward_nhwc16_bf16_wg_wide: WGMMA, 1; conv_forward_nhwc16_bf16_wg_big: WGMMA, 2; conv_forward_nhwc16_bf16_wg_long: WGMMA, 3);
 
 /// dy (NHWC, fp32 or bf16 when `H`) gathered as B((kh,kw,f), (n,ih,iw)) for
-/// one group, K-major.
-struct NhwcGradPatches<const H: bool> {
+/// one group, K-major. `S1`: the convolution's stride is 1.
+struct NhwcGradPatches<const H: bool, const S1: bool> {
     dy: *const f32,
     s: ConvShape,
     g: u32,
 }
 
-/// An `NhwcGradPatches` cursor: the tap and filter f shared by the
-/// thread's slots, and per slot (pixel) the offset of the image's group
-/// channels in dy and `(ih+p, iw+p)`.
+/// An `NhwcGradPatches` cursor: the tap (kh, kw) and filter f shared by
+/// the thread's slots, and per slot (pixel) `(ih+p, iw+p)` and the offset
+/// in dy of output pixel `(ih+p, iw+p)` of the image's group channels
+/// (wrapping: it may lie outside dy). At stride 1 (`S1`) the element is
+/// that offset plus `tap` = f − (kh·OW + kw)·C_out, one add and two
+/// compares as in the forward's gather; other strides take
+/// `ConvShape::out_pos`, whose divisions were 8 of the ~300 instructions
+/// of the K loop when one kernel served both.
 #[derive(Clone, Copy)]
 struct NhwcGradCursor {
-    img: [usize; BSLOTS],
+    pix: [usize; BSLOTS],
     th0: [i32; BSLOTS],
     tw0: [i32; BSLOTS],
     kh: u32,
     kw: u32,
     f: u32,
+    tap: usize,
 }
 
-impl<const H: bool> VecOperand for NhwcGradPatches<H> {
+impl<const H: bool, const S1: bool> NhwcGradPatches<H, S1> {
+    #[inline(always)]
+    fn tap(&self, kh: u32, kw: u32, f: u32) -> usize {
+        (f as usize).wrapping_sub((kh * self.s.ow + kw) as usize * self.s.c_out as usize)
+    }
+}
+
+impl<const H: bool, const S1: bool> VecOperand for NhwcGradPatches<H, S1> {
     const L1: bool = true;
     const K_MAJOR: bool = true;
     const HALF: bool = H;
@@ -903,35 +916,45 @@ impl<const H: bool> VecOperand for NhwcGradPatches<H> {
     fn open(&self, k: u32, n: u32, _: u32, di: u32) -> NhwcGradCursor {
         let s = &self.s;
         let (r, f) = (k / s.fg(), k % s.fg());
+        let (kh, kw) = (r / s.kw, r % s.kw);
         let mut cur = NhwcGradCursor {
-            img: [0; BSLOTS],
+            pix: [0; BSLOTS],
             th0: [0; BSLOTS],
             tw0: [0; BSLOTS],
-            kh: r / s.kw,
-            kw: r % s.kw,
+            kh,
+            kw,
             f,
+            tap: self.tap(kh, kw, f),
         };
         for j in 0..BSLOTS {
             let n = n + di * j as u32;
             let (img, p) = (n / (s.h * s.w), n % (s.h * s.w));
-            cur.img[j] =
-                img as usize * (s.oh * s.ow * s.c_out) as usize + (self.g * s.fg()) as usize;
-            cur.th0[j] = (p / s.w + s.pad) as i32;
-            cur.tw0[j] = (p % s.w + s.pad) as i32;
+            let (th0, tw0) = (p / s.w + s.pad, p % s.w + s.pad);
+            let within = ((img * s.oh + th0) * s.ow + tw0) as usize;
+            cur.pix[j] = within * s.c_out as usize + (self.g * s.fg()) as usize;
+            cur.th0[j] = th0 as i32;
+            cur.tw0[j] = tw0 as i32;
         }
         cur
     }
     #[inline(always)]
     fn src(&self, c: &NhwcGradCursor, j: usize) -> Option<*const f32> {
         let s = &self.s;
-        let (oh, ow) = s.out_pos(c.th0[j] - c.kh as i32, c.tw0[j] - c.kw as i32)?;
+        let (th, tw) = (c.th0[j] - c.kh as i32, c.tw0[j] - c.kw as i32);
+        if S1 {
+            return ((th as u32) < s.oh && (tw as u32) < s.ow)
+                .then(|| elem_at(self.dy, c.pix[j].wrapping_add(c.tap), H));
+        }
+        let (oh, ow) = s.out_pos(th, tw)?;
+        let origin = (c.th0[j] as usize * s.ow as usize + c.tw0[j] as usize) * s.c_out as usize;
         let at = (oh * s.ow + ow) as usize * s.c_out as usize + c.f as usize;
-        Some(elem_at(self.dy, c.img[j] + at, H))
+        Some(elem_at(self.dy, (c.pix[j] - origin) + at, H))
     }
     #[inline(always)]
     fn step(&self, c: &mut NhwcGradCursor) {
         let s = &self.s;
         next_tap(&mut c.kh, &mut c.kw, &mut c.f, s.kw, s.fg(), vbk(H));
+        c.tap = self.tap(c.kh, c.kw, c.f);
     }
     #[inline(always)]
     fn base(&self) -> *const f32 {
@@ -958,13 +981,23 @@ unsafe fn conv_backward_data_nhwc_any<const MODE: u8, const T: u8, const H: bool
     let g = bid_z();
     let k_len = s.fg() * s.kk();
     let w = group_rows::<H, false>(wt, g * s.cg(), k_len);
-    let p = NhwcGradPatches::<H> { dy, s, g };
     let e = StoreInputGrad { dx, mask, s, g };
     let n = s.n * s.h * s.w;
-    if TR {
-        unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&p, &w, &Transposed(e), n, s.cg(), 0, k_len) };
+    // One engine per stride case, so the stride-1 gather carries no test.
+    macro_rules! product {
+        ($s1:literal) => {{
+            let p = NhwcGradPatches::<H, $s1> { dy, s, g };
+            if TR {
+                unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&p, &w, &Transposed(e), n, s.cg(), 0, k_len) };
+            } else {
+                unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&w, &p, &e, s.cg(), n, 0, k_len) };
+            }
+        }};
+    }
+    if s.stride == 1 {
+        product!(true)
     } else {
-        unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&w, &p, &e, s.cg(), n, 0, k_len) };
+        product!(false)
     }
 }
 
