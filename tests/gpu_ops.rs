@@ -154,6 +154,7 @@ const TESTS: &[(&str, Test)] = &[
     ("fc_backward_data", fc_backward_data),
     ("fc_backward_filter", fc_backward_filter),
     ("fc_backward_bias", fc_backward_bias),
+    ("fc_kept", fc_kept),
     ("relu_forward", relu_forward),
     ("relu_backward", relu_backward),
     ("lrn_forward", lrn_forward),
@@ -1134,6 +1135,60 @@ fn fc_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
             &want,
             tol,
         );
+    }
+    Ok(())
+}
+
+fn fc_kept(c: &mut Ctx) -> Result<()> {
+    let before = c.checks;
+    each_precision_engines(c, fc_kept_in)?;
+    // bf16 on the vector engine keeps w's copy for every h16 case, or
+    // nothing was tested.
+    let ran = c.checks > before;
+    c.check_true("fc_kept", "some case kept a copy of w", ran);
+    Ok(())
+}
+
+/// The forward that keeps w's bf16 copy (`fc_forward_keep`, the copy
+/// poisoned first) and the data gradient that reads it
+/// (`fc_backward_data_kept`), given a NaN w so that any read of w itself
+/// instead of the copy shows; then a copy buffer one float short, which is
+/// passed over (the copy made in scratch from the real w).
+fn fc_kept_in(c: &mut Ctx, p: Precision) -> Result<()> {
+    let (label, tol) = label_tol(c, p);
+    for (case, g) in fc_cases() {
+        let len = c.gpu.fc_kept_len(&g);
+        if len == 0 {
+            continue;
+        }
+        let (x, w, b) = (
+            c.randn(g.n * g.inputs, 1.0),
+            c.randn(g.outputs * g.inputs, 0.05),
+            c.randn(g.outputs, 1.0),
+        );
+        let dy = c.randn(g.n * g.outputs, 1.0);
+        let (mut y, mut dx) = (vec![0.0; g.n * g.outputs], vec![0.0; g.n * g.inputs]);
+        c.cpu.fc_forward(&g, &x, &w, &b, &mut y)?;
+        c.cpu.fc_backward_data(&g, &dy, &w, &mut dx)?;
+        let (gx, gw, gb, gdy) = (
+            c.gpu.upload(&x)?,
+            c.gpu.upload(&w)?,
+            c.gpu.upload(&b)?,
+            c.gpu.upload(&dy)?,
+        );
+        let nan_w = c.gpu.poisoned(w.len())?;
+        let case = format!("{case}{label}");
+        for (what, len, w_arg) in [("", len, &nan_w), (" short copy", len - 1, &gw)] {
+            let (mut gy, mut kept) = (c.gpu.poisoned(y.len())?, c.gpu.poisoned(len)?);
+            c.gpu
+                .fc_forward_keep(&g, &gx, &gw, &gb, &mut gy, &mut kept)?;
+            let mut gdx = c.gpu.poisoned(dx.len())?;
+            c.gpu
+                .fc_backward_data_kept(&g, &gdy, w_arg, &kept, &mut gdx)?;
+            let (got_y, got_dx) = (c.gpu.download(&gy)?, c.gpu.download(&gdx)?);
+            c.check("fc_kept", &format!("{case}{what} y"), &got_y, &y, tol);
+            c.check("fc_kept", &format!("{case}{what} dx"), &got_dx, &dx, tol);
+        }
     }
     Ok(())
 }

@@ -48,8 +48,8 @@ struct Slot {
     params: Option<(usize, usize)>,
     /// What the forward pass keeps for the backward pass besides the
     /// activations: LRN's scale, max pooling's argmax offsets, a conv
-    /// layer's operand copy of x where the backend keeps one
-    /// ([`Backend::conv_kept_len`]).
+    /// layer's operand copy of x and an fc layer's of w where the backend
+    /// keeps one ([`Backend::conv_kept_len`], [`Backend::fc_kept_len`]).
     saved: Option<usize>,
     /// A ReLU layer whose forward pass the conv layer before it does (in its
     /// epilogue), and whose backward pass the LRN, conv or max-pool layer
@@ -230,6 +230,13 @@ impl<B: Backend> Model<B> {
                     slot.saved = Some(saved.len() - 1);
                 }
             }
+            if let Some(g) = l.fc_geom(batch) {
+                let len = be.fc_kept_len(&g);
+                if len > 0 {
+                    saved.push(be.zeros(len)?);
+                    slot.saved = Some(saved.len() - 1);
+                }
+            }
             if let LayerKind::Lrn(_) | LayerKind::MaxPool(_) = l.kind {
                 let len = if pool_in_lrn[i] {
                     1
@@ -376,7 +383,11 @@ impl<B: Backend> Model<B> {
                     let g = l.fc_geom(n).unwrap();
                     let (w, b) = s.params.unwrap();
                     let (x, y) = pair(&mut self.acts, s.src, s.dst);
-                    be.fc_forward(&g, x, &self.params[w].value, &self.params[b].value, y)?;
+                    let (w, b) = (&self.params[w].value, &self.params[b].value);
+                    match s.saved {
+                        Some(k) => be.fc_forward_keep(&g, x, w, b, y, &mut self.saved[k])?,
+                        None => be.fc_forward(&g, x, w, b, y)?,
+                    }
                 }
                 LayerKind::Relu if s.relu_in_prev => {}
                 LayerKind::Relu => be.relu_forward(&mut self.acts[s.dst])?,
@@ -474,7 +485,11 @@ impl<B: Backend> Model<B> {
                     be.fc_backward_bias(&g, &self.grads[s.dst], &mut self.params[b].grad)?;
                     if !first {
                         let (dy, dx) = pair(&mut self.grads, s.dst, s.src);
-                        be.fc_backward_data(&g, dy, &self.params[w].value, dx)?;
+                        let w = &self.params[w].value;
+                        match s.saved {
+                            Some(k) => be.fc_backward_data_kept(&g, dy, w, &self.saved[k], dx)?,
+                            None => be.fc_backward_data(&g, dy, w, dx)?,
+                        }
                     }
                 }
                 LayerKind::Conv(_) => {

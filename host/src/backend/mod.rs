@@ -543,6 +543,40 @@ pub trait Backend {
         w: &Self::Buf,
         dx: &mut Self::Buf,
     ) -> Result<()>;
+    /// Floats of the operand copy of w that an fc forward can keep for its
+    /// data gradient (`fc_forward_keep`), where both read w in the same
+    /// form (the GPU's bf16 products); 0 where there is none.
+    fn fc_kept_len(&self, _g: &FcGeom) -> usize {
+        0
+    }
+    /// `fc_forward` that also leaves in `kept` (`fc_kept_len` floats) its
+    /// operand copy of w, for `fc_backward_data_kept` to read instead of
+    /// making it again.
+    fn fc_forward_keep(
+        &self,
+        g: &FcGeom,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        b: &Self::Buf,
+        y: &mut Self::Buf,
+        kept: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = kept;
+        self.fc_forward(g, x, w, b, y)
+    }
+    /// `fc_backward_data` reading w's operand copy from `kept`, which
+    /// `fc_forward_keep` wrote from this same w.
+    fn fc_backward_data_kept(
+        &self,
+        g: &FcGeom,
+        dy: &Self::Buf,
+        w: &Self::Buf,
+        kept: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = kept;
+        self.fc_backward_data(g, dy, w, dx)
+    }
     /// `dw = dyᵀ·x`.
     fn fc_backward_filter(
         &self,

@@ -12,7 +12,7 @@
 //! and the `*_vec_h16` kernels read those: half the bytes, no conversion in
 //! the inner loop.
 
-use super::layout::as_bf16;
+use super::layout::{as_bf16, convert_bf16};
 use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
 use crate::backend::FcGeom;
 use anyhow::Result;
@@ -178,6 +178,65 @@ fn dims(g: &FcGeom) -> (u32, u32, u32) {
     (g.n as u32, g.inputs as u32, g.outputs as u32)
 }
 
+/// An fc product's launch: kernel, grid, whether it reads bf16 operand
+/// copies, and its K slices.
+struct FcPlan {
+    name: &'static str,
+    cfg: LaunchConfig,
+    half: bool,
+    splits: u32,
+}
+
+fn forward_plan(be: &CudaBackend, g: &FcGeom) -> FcPlan {
+    let (cfg, wide) = tiles(be, g.n, g.outputs, 1);
+    let splits = fc_splits(be, &cfg, g.inputs);
+    let fits = [g.inputs.is_multiple_of(4), g.inputs.is_multiple_of(8)];
+    let cfg = grid(g.n, g.outputs, splits as usize, wide);
+    let (name, cfg, half) = pick(be, gemm_names!("fc_forward"), fits, wide, cfg);
+    FcPlan {
+        name,
+        cfg,
+        half,
+        splits,
+    }
+}
+
+fn data_plan(be: &CudaBackend, g: &FcGeom) -> FcPlan {
+    let (cfg, wide) = tiles(be, g.n, g.inputs, 1);
+    let splits = fc_splits(be, &cfg, g.outputs);
+    let fits = |v: usize| g.inputs.is_multiple_of(v) && g.outputs.is_multiple_of(v);
+    let cfg = grid(g.n, g.inputs, splits as usize, wide);
+    let (name, cfg, half) = pick(
+        be,
+        gemm_names!("fc_backward_data"),
+        [fits(4), fits(8)],
+        wide,
+        cfg,
+    );
+    FcPlan {
+        name,
+        cfg,
+        half,
+        splits,
+    }
+}
+
+/// Floats of the bf16 copy of w that the forward can keep for the data
+/// gradient (`fc_forward_keep`), where both read one: 0 unless both run on
+/// bf16 operand copies. Without it fc6's 38M weights are rounded twice a
+/// step (~0.06 ms each at batch 128).
+pub(super) fn kept_len(be: &CudaBackend, g: &FcGeom) -> usize {
+    if forward_plan(be, g).half && data_plan(be, g).half {
+        (g.outputs * g.inputs).div_ceil(2)
+    } else {
+        0
+    }
+}
+
+/// `y = x·wᵀ + b`; with `kept` (`kept_len` floats or more, where that is
+/// not 0) the bf16 copy of w is made there and left for
+/// `fc_backward_data`. A shorter buffer, or one under settings that keep
+/// none, is passed over.
 pub(super) fn fc_forward(
     be: &CudaBackend,
     g: &FcGeom,
@@ -185,19 +244,21 @@ pub(super) fn fc_forward(
     w: &CudaSlice<f32>,
     b: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
+    kept: Option<&mut CudaSlice<f32>>,
 ) -> Result<()> {
     check_len("fc_forward x", x, g.n * g.inputs)?;
     check_len("fc_forward w", w, g.outputs * g.inputs)?;
     check_len("fc_forward bias", b, g.outputs)?;
     check_len("fc_forward y", y, g.n * g.outputs)?;
     let (n, i, o) = dims(g);
-    let (cfg, wide) = tiles(be, g.n, g.outputs, 1);
-    let splits = fc_splits(be, &cfg, g.inputs);
-    let fits = [g.inputs.is_multiple_of(4), g.inputs.is_multiple_of(8)];
+    let FcPlan {
+        name,
+        cfg,
+        half,
+        splits,
+    } = forward_plan(be, g);
     let what = || format!("{g:?} splits={splits}");
-    let cfg = grid(g.n, g.outputs, splits as usize, wide);
-    let (name, cfg, half) = pick(be, gemm_names!("fc_forward"), fits, wide, cfg);
-    operands(be, half, (Scratch::X, x), (Scratch::W, w), |x, w| {
+    let run = |x: &CudaSlice<f32>, w: &CudaSlice<f32>| {
         if splits == 1 {
             return launch!(be, name, cfg, what; x, w, b, y, &n, &i, &o, &splits);
         }
@@ -206,7 +267,22 @@ pub(super) fn fc_forward(
             launch!(be, name, cfg, what; x, w, b, &mut *ws, &n, &i, &o, &splits)?;
             launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *y, &len, &splits, b, &o)
         })
-    })
+    };
+    match kept {
+        Some(wt) if holds_kept(be, g, wt) => {
+            convert_bf16(be, w, wt)?;
+            let wt = &*wt;
+            as_bf16(be, Scratch::X, x, |x| run(x, wt))
+        }
+        _ => operands(be, half, (Scratch::X, x), (Scratch::W, w), run),
+    }
+}
+
+/// Whether `buf` can hold (or holds) the bf16 copy of w that `kept_len`
+/// names under the current settings.
+fn holds_kept(be: &CudaBackend, g: &FcGeom, buf: &CudaSlice<f32>) -> bool {
+    let len = kept_len(be, g);
+    len > 0 && buf.len() >= len
 }
 
 /// How many K slices an fc product with launch `cfg` (one slice) and depth
@@ -219,30 +295,28 @@ fn fc_splits(be: &CudaBackend, cfg: &LaunchConfig, k: usize) -> u32 {
     want.min(k / 256).clamp(1, 16) as u32
 }
 
+/// `dx = dy·w`; with `kept` (what `fc_forward` kept from this same w) the
+/// bf16 copy of w is read from there instead of made again.
 pub(super) fn fc_backward_data(
     be: &CudaBackend,
     g: &FcGeom,
     dy: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
+    kept: Option<&CudaSlice<f32>>,
     dx: &mut CudaSlice<f32>,
 ) -> Result<()> {
     check_len("fc_backward_data dy", dy, g.n * g.outputs)?;
     check_len("fc_backward_data w", w, g.outputs * g.inputs)?;
     check_len("fc_backward_data dx", dx, g.n * g.inputs)?;
     let (n, i, o) = dims(g);
-    let (cfg, wide) = tiles(be, g.n, g.inputs, 1);
-    let splits = fc_splits(be, &cfg, g.outputs);
-    let fits = |v: usize| g.inputs.is_multiple_of(v) && g.outputs.is_multiple_of(v);
-    let what = || format!("{g:?} splits={splits}");
-    let cfg = grid(g.n, g.inputs, splits as usize, wide);
-    let (name, cfg, half) = pick(
-        be,
-        gemm_names!("fc_backward_data"),
-        [fits(4), fits(8)],
-        wide,
+    let FcPlan {
+        name,
         cfg,
-    );
-    operands(be, half, (Scratch::Dy, dy), (Scratch::W, w), |dy, w| {
+        half,
+        splits,
+    } = data_plan(be, g);
+    let what = || format!("{g:?} splits={splits}");
+    let run = |dy: &CudaSlice<f32>, w: &CudaSlice<f32>| {
         if splits == 1 {
             return launch!(be, name, cfg, what; dy, w, dx, &n, &i, &o, &splits);
         }
@@ -251,7 +325,11 @@ pub(super) fn fc_backward_data(
             launch!(be, name, cfg, what; dy, w, &mut *ws, &n, &i, &o, &splits)?;
             launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dx, &len, &splits, &0u64, &1u32)
         })
-    })
+    };
+    match kept {
+        Some(wt) if holds_kept(be, g, wt) => as_bf16(be, Scratch::Dy, dy, |dy| run(dy, wt)),
+        _ => operands(be, half, (Scratch::Dy, dy), (Scratch::W, w), run),
+    }
 }
 
 pub(super) fn fc_backward_filter(

@@ -1189,7 +1189,31 @@ impl Backend for CudaBackend {
         b: &Self::Buf,
         y: &mut Self::Buf,
     ) -> Result<()> {
-        gemm::fc_forward(self, g, x, w, b, y)
+        gemm::fc_forward(self, g, x, w, b, y, None)
+    }
+    fn fc_kept_len(&self, g: &FcGeom) -> usize {
+        gemm::kept_len(self, g)
+    }
+    fn fc_forward_keep(
+        &self,
+        g: &FcGeom,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        b: &Self::Buf,
+        y: &mut Self::Buf,
+        kept: &mut Self::Buf,
+    ) -> Result<()> {
+        gemm::fc_forward(self, g, x, w, b, y, Some(kept))
+    }
+    fn fc_backward_data_kept(
+        &self,
+        g: &FcGeom,
+        dy: &Self::Buf,
+        w: &Self::Buf,
+        kept: &Self::Buf,
+        dx: &mut Self::Buf,
+    ) -> Result<()> {
+        gemm::fc_backward_data(self, g, dy, w, Some(kept), dx)
     }
     fn fc_backward_data(
         &self,
@@ -1198,7 +1222,7 @@ impl Backend for CudaBackend {
         w: &Self::Buf,
         dx: &mut Self::Buf,
     ) -> Result<()> {
-        gemm::fc_backward_data(self, g, dy, w, dx)
+        gemm::fc_backward_data(self, g, dy, w, None, dx)
     }
     fn fc_backward_filter(
         &self,
