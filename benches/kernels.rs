@@ -501,7 +501,12 @@ fn main() -> Result<()> {
     b.run("sgd_update_all", "alexnet, 1 launch", 0.0, bytes, |be| {
         let mut t: Vec<_> = params
             .iter_mut()
-            .map(|[w, g, v]| SgdTensor { w, g: &*g, v })
+            .map(|[w, g, v]| SgdTensor {
+                w,
+                g: &*g,
+                v,
+                half: None,
+            })
             .collect();
         be.sgd_update_all(&p, &mut t, &mut table)
     })?;
@@ -512,7 +517,16 @@ fn main() -> Result<()> {
     let launches = format!("alexnet, {} launches", params.len());
     b.run("sgd_update_all", &launches, 0.0, bytes, |be| {
         for ([w, g, v], table) in params.iter_mut().zip(&mut tables) {
-            be.sgd_update_all(&p, &mut [SgdTensor { w, g: &*g, v }], table)?;
+            be.sgd_update_all(
+                &p,
+                &mut [SgdTensor {
+                    w,
+                    g: &*g,
+                    v,
+                    half: None,
+                }],
+                table,
+            )?;
         }
         Ok(())
     })?;

@@ -1178,16 +1178,30 @@ fn fc_kept_in(c: &mut Ctx, p: Precision) -> Result<()> {
         );
         let nan_w = c.gpu.poisoned(w.len())?;
         let case = format!("{case}{label}");
-        for (what, len, w_arg) in [("", len, &nan_w), (" short copy", len - 1, &gw)] {
+        // `fresh` on a short copy is passed over too (the copy made from w).
+        for (what, len, w_arg, fresh) in [
+            ("", len, &nan_w, false),
+            (" short copy", len - 1, &gw, true),
+        ] {
             let (mut gy, mut kept) = (c.gpu.poisoned(y.len())?, c.gpu.poisoned(len)?);
             c.gpu
-                .fc_forward_keep(&g, &gx, &gw, &gb, &mut gy, &mut kept)?;
+                .fc_forward_keep(&g, &gx, &gw, &gb, &mut gy, &mut kept, fresh)?;
             let mut gdx = c.gpu.poisoned(dx.len())?;
             c.gpu
                 .fc_backward_data_kept(&g, &gdy, w_arg, &kept, &mut gdx)?;
             let (got_y, got_dx) = (c.gpu.download(&gy)?, c.gpu.download(&gdx)?);
             c.check("fc_kept", &format!("{case}{what} y"), &got_y, &y, tol);
             c.check("fc_kept", &format!("{case}{what} dx"), &got_dx, &dx, tol);
+            if fresh {
+                continue;
+            }
+            // A fresh copy (as the SGD update leaves it) is read as it is:
+            // w itself (NaN here) is not read.
+            let mut gy = c.gpu.poisoned(y.len())?;
+            c.gpu
+                .fc_forward_keep(&g, &gx, w_arg, &gb, &mut gy, &mut kept, true)?;
+            let got_y = c.gpu.download(&gy)?;
+            c.check("fc_kept", &format!("{case} fresh copy y"), &got_y, &y, tol);
         }
     }
     Ok(())
@@ -1852,6 +1866,16 @@ fn sgd_update_all(c: &mut Ctx) -> Result<()> {
                 .map(|[w, g, v]| Ok([c.gpu.upload(w)?, c.gpu.upload(g)?, c.gpu.upload(v)?]))
                 .collect::<Result<Vec<_>>>()?;
             let mut table = host::backend::cuda::SgdTable::default();
+            // Every other tensor refreshes a bf16 copy of its weights (an
+            // fc layer's kept operand copy), poisoned first.
+            let mut halves = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| match i % 2 == 1 && n > 0 {
+                    true => c.gpu.poisoned(n.div_ceil(2)).map(Some),
+                    false => Ok(None),
+                })
+                .collect::<Result<Vec<_>>>()?;
             let params = [(0.01, 0.9, 5e-4), (0.003, 0.8, 1e-3), (0.02, 0.9, 0.0)];
             for (call, &(lr, momentum, weight_decay)) in params.iter().enumerate() {
                 let p = SgdParams {
@@ -1868,12 +1892,23 @@ fn sgd_update_all(c: &mut Ctx) -> Result<()> {
                 };
                 let mut cpu_t: Vec<_> = want[..used]
                     .iter_mut()
-                    .map(|[w, g, v]| SgdTensor { w, g: &*g, v })
+                    .map(|[w, g, v]| SgdTensor {
+                        w,
+                        g: &*g,
+                        v,
+                        half: None,
+                    })
                     .collect();
                 c.cpu.sgd_update_all(&p, &mut cpu_t, &mut ())?;
                 let mut gpu_t: Vec<_> = gpu[..used]
                     .iter_mut()
-                    .map(|[w, g, v]| SgdTensor { w, g: &*g, v })
+                    .zip(halves.iter_mut())
+                    .map(|([w, g, v], h)| SgdTensor {
+                        w,
+                        g: &*g,
+                        v,
+                        half: h.as_mut(),
+                    })
                     .collect();
                 c.gpu.sgd_update_all(&p, &mut gpu_t, &mut table)?;
                 let what = match call {
@@ -1900,6 +1935,24 @@ fn sgd_update_all(c: &mut Ctx) -> Result<()> {
                     &format!("{rule:?} {case}, {what}: v"),
                     &got_v,
                     &ref_v,
+                    0.0,
+                );
+                let (mut copies, mut wrong) = (0, 0);
+                for (h, [rw, _, _]) in halves.iter().zip(&want) {
+                    let Some(h) = h else { continue };
+                    let got = c.gpu.download(h)?;
+                    let got = got
+                        .iter()
+                        .flat_map(|w| [w.to_bits() as u16, (w.to_bits() >> 16) as u16]);
+                    let want = host::backend::cpu::layout::convert_bf16(rw);
+                    wrong += got.zip(&want).filter(|(a, b)| a != *b).count();
+                    copies += 1;
+                }
+                c.check(
+                    "sgd_update_all",
+                    &format!("{rule:?} {case}, {what}: {copies} bf16 copies bitwise"),
+                    &[wrong as f32],
+                    &[0.0],
                     0.0,
                 );
             }

@@ -261,6 +261,12 @@ pub fn mma_tf32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
     c
 }
 
+/// `v` rounded to bf16 (nearest even), as its 16 bits.
+#[inline(always)]
+pub fn bf16_bits(v: f32) -> u16 {
+    (pack_bf16(v, 0.0) & 0xffff) as u16
+}
+
 /// Two fp32 → one register of two bf16 (round to nearest even;
 /// `cvt.rn.bf16x2.f32`): `lo` in the low half, `hi` in the high half.
 #[inline(always)]

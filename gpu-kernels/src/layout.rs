@@ -37,7 +37,7 @@
 //! copies, which need no reordering).
 
 use crate::device::{
-    bid_x, bid_y, bid_z, gdim_x, grid_stride, pack_bf16, shared, sync_threads, tid_x, tid_y,
+    bf16_bits, bid_x, bid_y, bid_z, gdim_x, grid_stride, pack_bf16, shared, sync_threads, tid_x, tid_y,
     to_tf32, warp_sum,
 };
 
@@ -73,7 +73,7 @@ impl Store for u16 {
     const PER_VEC: u32 = 8;
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
-        (pack_bf16(v, 0.0) & 0xffff) as u16
+        bf16_bits(v)
     }
     #[inline(always)]
     unsafe fn store_vec(dst: *mut u16, i: usize, v: [f32; 8]) {

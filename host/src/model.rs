@@ -36,6 +36,7 @@ impl<B: Backend> Param<B> {
             w: &mut self.value,
             g: &self.grad,
             v: &mut self.momentum,
+            half: None,
         }
     }
 }
@@ -51,6 +52,10 @@ struct Slot {
     /// layer's operand copy of x and an fc layer's of w where the backend
     /// keeps one ([`Backend::conv_kept_len`], [`Backend::fc_kept_len`]).
     saved: Option<usize>,
+    /// An fc layer's kept copy of w (`saved`) holds the current weights:
+    /// refreshed by the last SGD update or made by a forward since; false
+    /// after the weights were overwritten by other means.
+    w_copy_fresh: bool,
     /// A ReLU layer whose forward pass the conv layer before it does (in its
     /// epilogue), and whose backward pass the LRN, conv or max-pool layer
     /// after it does (LRN and pool in their pass, conv in its data
@@ -193,6 +198,7 @@ impl<B: Backend> Model<B> {
                 dst,
                 params: None,
                 saved: None,
+                w_copy_fresh: false,
                 relu_in_prev: false,
                 relu_in_next: false,
                 pool_in_lrn: false,
@@ -385,7 +391,11 @@ impl<B: Backend> Model<B> {
                     let (x, y) = pair(&mut self.acts, s.src, s.dst);
                     let (w, b) = (&self.params[w].value, &self.params[b].value);
                     match s.saved {
-                        Some(k) => be.fc_forward_keep(&g, x, w, b, y, &mut self.saved[k])?,
+                        Some(k) => {
+                            let kept = &mut self.saved[k];
+                            be.fc_forward_keep(&g, x, w, b, y, kept, s.w_copy_fresh)?;
+                            self.slots[i].w_copy_fresh = true;
+                        }
                         None => be.fc_forward(&g, x, w, b, y)?,
                     }
                 }
@@ -561,9 +571,48 @@ impl<B: Backend> Model<B> {
 
     /// One SGD step over every parameter (after `backward`), in one
     /// [`Backend::sgd_update_all`].
+    /// The fc layers' kept bf16 copies of their weights are refreshed by
+    /// the same update, so the next forward reads them as they are.
     pub fn sgd_step(&mut self, be: &B, p: &SgdParams) -> Result<()> {
-        let mut tensors: Vec<_> = self.params.iter_mut().map(Param::sgd_tensor).collect();
-        be.sgd_update_all(p, &mut tensors, &mut self.sgd_table)
+        let mut copies: Vec<Option<&mut B::Buf>> = self.saved.iter_mut().map(Some).collect();
+        let mut halves: Vec<Option<&mut B::Buf>> = self.params.iter().map(|_| None).collect();
+        for (l, s) in self.layers.iter().zip(&self.slots) {
+            if let (LayerKind::Fc(_), Some((w, _)), Some(k)) = (&l.kind, s.params, s.saved) {
+                halves[w] = copies[k].take();
+            }
+        }
+        let mut tensors: Vec<_> = self
+            .params
+            .iter_mut()
+            .zip(halves)
+            .map(|(p, half)| SgdTensor {
+                half,
+                ..p.sgd_tensor()
+            })
+            .collect();
+        be.sgd_update_all(p, &mut tensors, &mut self.sgd_table)?;
+        for (l, s) in self.layers.iter().zip(&mut self.slots) {
+            if let LayerKind::Fc(_) = l.kind {
+                s.w_copy_fresh = s.saved.is_some();
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every fc layer's kept copy of its weights is current (the
+    /// forward then only reads them): part of what a captured step holds.
+    pub fn w_copies_fresh(&self) -> bool {
+        self.layers.iter().zip(&self.slots).all(|(l, s)| {
+            !matches!(l.kind, LayerKind::Fc(_)) || s.saved.is_none() || s.w_copy_fresh
+        })
+    }
+
+    /// Marks the fc layers' kept weight copies stale after the weights were
+    /// written other than by `sgd_step` (loaded, broadcast).
+    pub(crate) fn weights_changed(&mut self) {
+        for s in &mut self.slots {
+            s.w_copy_fresh = false;
+        }
     }
 
     /// One training step on the batch set last: forward and backward with
@@ -620,6 +669,9 @@ impl<B: Backend> Model<B> {
                 },
                 &t.data,
             )?;
+        }
+        if !momentum {
+            self.weights_changed();
         }
         Ok(())
     }

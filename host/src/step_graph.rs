@@ -47,6 +47,10 @@ struct StepKey {
     model: u64,
     dropout_seed: u64,
     rule: SgdRule,
+    /// The fc layers' kept weight copies were current at the step's start
+    /// ([`Model::w_copies_fresh`]): a step captured so reads them as they
+    /// are instead of making them.
+    w_copies_fresh: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,6 +137,7 @@ impl<B: Backend> StepRunner<B> {
                 model: model.id(),
                 dropout_seed: dropout.0,
                 rule: sgd.rule,
+                w_copies_fresh: model.w_copies_fresh(),
             };
             let args = StepArgs::new(dropout.1, sgd);
             let current = self.graph.as_ref().is_some_and(|g| be.graph_current(g));
@@ -171,7 +176,17 @@ impl<B: Backend> StepRunner<B> {
                 }
                 Action::Eager => self.graph = None,
             }
-            self.plan.warm = Some(key);
+            model.train_step(be, dropout, sgd)?;
+            self.stats.eager += 1;
+            // The step warmed the workspaces for the key the model has now
+            // (its fc weight copies made by this step's forward and
+            // refreshed by its update: a step that makes them needs all a
+            // step that reads them does).
+            self.plan.warm = Some(StepKey {
+                w_copies_fresh: model.w_copies_fresh(),
+                ..key
+            });
+            return Ok(());
         }
         model.train_step(be, dropout, sgd)?;
         self.stats.eager += 1;
@@ -216,6 +231,7 @@ mod tests {
             model,
             dropout_seed: seed,
             rule: SgdRule::Pytorch,
+            w_copies_fresh: true,
         }
     }
 

@@ -302,11 +302,15 @@ pub struct SgdParams {
 }
 
 /// One parameter tensor of [`Backend::sgd_update_all`]: weights, their
-/// gradient and momentum, of equal lengths.
+/// gradient and momentum, of equal lengths, and optionally the bf16 copy of
+/// the weights that an fc layer keeps ([`Backend::fc_kept_len`]), which
+/// the update refreshes from the new weights (backends that keep no such
+/// copies refuse one).
 pub struct SgdTensor<'a, Buf> {
     pub w: &'a mut Buf,
     pub g: &'a Buf,
     pub v: &'a mut Buf,
+    pub half: Option<&'a mut Buf>,
 }
 
 /// The values of a training step that change from step to step: dropout's
@@ -551,7 +555,9 @@ pub trait Backend {
     }
     /// `fc_forward` that also leaves in `kept` (`fc_kept_len` floats) its
     /// operand copy of w, for `fc_backward_data_kept` to read instead of
-    /// making it again.
+    /// making it again; with `fresh`, `kept` already holds the copy of this
+    /// w (`sgd_update_all` refreshed it), and the forward only reads it.
+    #[allow(clippy::too_many_arguments)] // the layer's tensors and the copy
     fn fc_forward_keep(
         &self,
         g: &FcGeom,
@@ -560,8 +566,9 @@ pub trait Backend {
         b: &Self::Buf,
         y: &mut Self::Buf,
         kept: &mut Self::Buf,
+        fresh: bool,
     ) -> Result<()> {
-        let _ = kept;
+        let _ = (kept, fresh);
         self.fc_forward(g, x, w, b, y)
     }
     /// `fc_backward_data` reading w's operand copy from `kept`, which

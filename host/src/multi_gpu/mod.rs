@@ -319,6 +319,7 @@ impl<B: Backend, R: Reducer<B>> Replica<B, R> {
     /// Overwrites every rank's parameters and momentum with rank 0's
     /// (collective).
     pub fn sync_params(&mut self, be: &B) -> Result<()> {
+        self.model.weights_changed();
         let mut bufs: Vec<&mut B::Buf> = self
             .model
             .params

@@ -17,6 +17,7 @@ pub mod pool;
 #[cfg(test)]
 mod tests;
 
+use anyhow::ensure;
 use std::convert::Infallible;
 
 use super::*;
@@ -384,6 +385,10 @@ impl Backend for CpuBackend {
                 &format!("sgd_update_all tensor {i}"),
                 &[(t.g, t.w.len()), (&*t.v, t.w.len())],
             )?;
+            ensure!(
+                t.half.is_none(),
+                "sgd_update_all tensor {i}: the CPU keeps no bf16 weight copies"
+            );
         }
         optimizer::sgd_update_all(p, tensors);
         Ok(())

@@ -699,6 +699,32 @@ fn sgd_rules_hand_computed() {
 }
 
 #[test]
+fn sgd_refuses_a_bf16_weight_copy() {
+    use crate::backend::{Backend, SgdTensor};
+    let p = SgdParams {
+        lr: 0.1,
+        momentum: 0.9,
+        weight_decay: 0.0,
+        rule: SgdRule::Pytorch,
+    };
+    let (mut w, g, mut v, mut half) = (vec![1.0; 4], vec![0.5; 4], vec![0.0; 4], vec![0.0; 2]);
+    let t = SgdTensor {
+        w: &mut w,
+        g: &g,
+        v: &mut v,
+        half: Some(&mut half),
+    };
+    let err = super::CpuBackend
+        .sgd_update_all(&p, &mut [t], &mut ())
+        .unwrap_err();
+    assert!(err.to_string().contains("no bf16 weight copies"), "{err}");
+    assert_eq!(
+        w, [1.0; 4],
+        "weights changed although the update was refused"
+    );
+}
+
+#[test]
 fn backend_rejects_wrong_lengths_and_bad_geometry_with_errors() {
     use crate::backend::Backend;
     let be = super::CpuBackend;

@@ -235,8 +235,9 @@ pub(super) fn kept_len(be: &CudaBackend, g: &FcGeom) -> usize {
 
 /// `y = x·wᵀ + b`; with `kept` (`kept_len` floats or more, where that is
 /// not 0) the bf16 copy of w is made there and left for
-/// `fc_backward_data`. A shorter buffer, or one under settings that keep
-/// none, is passed over.
+/// `fc_backward_data`, or, where `kept` says it is fresh (the SGD update
+/// wrote it from this w), read as it is. A shorter buffer, or one under
+/// settings that keep none, is passed over.
 pub(super) fn fc_forward(
     be: &CudaBackend,
     g: &FcGeom,
@@ -244,7 +245,7 @@ pub(super) fn fc_forward(
     w: &CudaSlice<f32>,
     b: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
-    kept: Option<&mut CudaSlice<f32>>,
+    kept: Option<(&mut CudaSlice<f32>, bool)>,
 ) -> Result<()> {
     check_len("fc_forward x", x, g.n * g.inputs)?;
     check_len("fc_forward w", w, g.outputs * g.inputs)?;
@@ -269,8 +270,10 @@ pub(super) fn fc_forward(
         })
     };
     match kept {
-        Some(wt) if holds_kept(be, g, wt) => {
-            convert_bf16(be, w, wt)?;
+        Some((wt, fresh)) if holds_kept(be, g, wt) => {
+            if !fresh {
+                convert_bf16(be, w, wt)?;
+            }
             let wt = &*wt;
             as_bf16(be, Scratch::X, x, |x| run(x, wt))
         }

@@ -1194,6 +1194,7 @@ impl Backend for CudaBackend {
     fn fc_kept_len(&self, g: &FcGeom) -> usize {
         gemm::kept_len(self, g)
     }
+    #[allow(clippy::too_many_arguments)] // the layer's tensors and the copy
     fn fc_forward_keep(
         &self,
         g: &FcGeom,
@@ -1202,8 +1203,9 @@ impl Backend for CudaBackend {
         b: &Self::Buf,
         y: &mut Self::Buf,
         kept: &mut Self::Buf,
+        fresh: bool,
     ) -> Result<()> {
-        gemm::fc_forward(self, g, x, w, b, y, Some(kept))
+        gemm::fc_forward(self, g, x, w, b, y, Some((kept, fresh)))
     }
     fn fc_backward_data_kept(
         &self,

@@ -1,7 +1,8 @@
 //! Launcher for `sgd_update_all`: one launch over a list of parameter
-//! tensors, described to the kernel by a device table ([`SgdTable`]) of five
+//! tensors, described to the kernel by a device table ([`SgdTable`]) of six
 //! 64-bit words per tensor: `w`, `g`, `v` addresses, length, first chunk
-//! (chunks of [`CHUNK`] elements numbered across the tensors). The table is
+//! (chunks of [`CHUNK`] elements numbered across the tensors), and the
+//! address of the bf16 copy of `w` to refresh (0 for none). The table is
 //! written once per list of tensors and only rewritten if they change; the
 //! hyper-parameters come from the backend's per-step values (`graph.rs`).
 //! 256 threads a block, each block striding over chunks.
@@ -27,14 +28,19 @@ pub struct SgdTable {
     chunks: usize,
 }
 
-/// The table of tensors `[w, g, v, len]` (addresses and length): five words
-/// per tensor, the fifth its first chunk; and the number of chunks in all.
-pub(crate) fn table_image(tensors: &[[u64; 4]]) -> (Vec<u64>, usize) {
-    let mut words = Vec::with_capacity(tensors.len() * 5);
+/// Words per tensor in the table.
+const WORDS: usize = 6;
+
+/// The table of tensors `[w, g, v, len, half]` (addresses, length, the bf16
+/// copy's address or 0): six words per tensor, the fifth its first chunk;
+/// and the number of chunks in all.
+pub(crate) fn table_image(tensors: &[[u64; 5]]) -> (Vec<u64>, usize) {
+    let mut words = Vec::with_capacity(tensors.len() * WORDS);
     let mut chunks = 0;
     for t in tensors {
-        words.extend_from_slice(t);
+        words.extend_from_slice(&t[..4]);
         words.push(chunks as u64);
+        words.push(t[4]);
         chunks += (t[3] as usize).div_ceil(CHUNK);
     }
     (words, chunks)
@@ -55,7 +61,24 @@ pub(super) fn sgd_update_all(
         check_len(&format!("sgd_update_all tensor {i} grad"), t.g, n)?;
         check_len(&format!("sgd_update_all tensor {i} momentum"), t.v, n)?;
         let g = t.g.device_ptr(&be.stream).0;
-        entries.push([inplace_ptr(be, t.w), g, inplace_ptr(be, t.v), n as u64]);
+        let half = match t.half.as_deref_mut() {
+            Some(h) => {
+                check_len(
+                    &format!("sgd_update_all tensor {i} bf16 copy"),
+                    h,
+                    n.div_ceil(2),
+                )?;
+                inplace_ptr(be, h)
+            }
+            None => 0,
+        };
+        entries.push([
+            inplace_ptr(be, t.w),
+            g,
+            inplace_ptr(be, t.v),
+            n as u64,
+            half,
+        ]);
     }
     let (image, chunks) = table_image(&entries);
     if table.dev.is_none() || table.host != image {
@@ -111,8 +134,8 @@ mod tests {
     /// host over a table image: how often each element of each tensor is
     /// visited.
     fn visits(image: &[u64], chunks: usize, grid: usize) -> Vec<Vec<u32>> {
-        let tensors = image.len() / 5;
-        let entry = |t: usize| &image[t * 5..t * 5 + 5];
+        let tensors = image.len() / WORDS;
+        let entry = |t: usize| &image[t * WORDS..(t + 1) * WORDS];
         let mut seen: Vec<Vec<u32>> = (0..tensors)
             .map(|t| vec![0; entry(t)[3] as usize])
             .collect();
@@ -142,7 +165,7 @@ mod tests {
     fn table_covers_every_element_once() {
         // Odd lengths, an empty tensor, one exactly a chunk, one a chunk + 1.
         let lens = [1usize, 0, 1023, 1024, 1025, 5000, 3, 0];
-        let tensors: Vec<[u64; 4]> = lens
+        let tensors: Vec<[u64; 5]> = lens
             .iter()
             .enumerate()
             .map(|(i, &n)| {
@@ -151,16 +174,18 @@ mod tests {
                     0x2000 * i as u64,
                     0x3000 * i as u64,
                     n as u64,
+                    0x4000 * (i % 2) as u64,
                 ]
             })
             .collect();
         let (image, chunks) = table_image(&tensors);
-        assert_eq!(image.len(), 5 * lens.len());
+        assert_eq!(image.len(), WORDS * lens.len());
         // ⌈len / 1024⌉ each: 1, 0, 1, 1, 2, 5, 1, 0.
         assert_eq!(chunks, 11);
-        let firsts: Vec<u64> = image.chunks(5).map(|e| e[4]).collect();
+        let firsts: Vec<u64> = image.chunks(WORDS).map(|e| e[4]).collect();
         assert_eq!(firsts, [0, 1, 1, 2, 3, 5, 10, 11]);
-        assert_eq!(image[5..9], tensors[1]);
+        assert_eq!(image[6..10], tensors[1][..4]);
+        assert_eq!(image[11], tensors[1][4]);
         for grid in [1, 2, 3, 7, chunks, chunks + 5] {
             for (t, seen) in visits(&image, chunks, grid).iter().enumerate() {
                 assert!(
