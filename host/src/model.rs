@@ -29,6 +29,21 @@ pub struct Param<B: Backend> {
     pub momentum: B::Buf,
 }
 
+/// The fc layers that keep a copy of their weights: (layer, `saved` index).
+fn fc_copies<'a>(
+    layers: &'a [LayerSpec],
+    slots: &'a [Slot],
+) -> impl Iterator<Item = (usize, usize)> + 'a {
+    layers
+        .iter()
+        .zip(slots)
+        .enumerate()
+        .filter_map(|(i, (l, s))| match l.kind {
+            LayerKind::Fc(_) => s.saved.map(|k| (i, k)),
+            _ => None,
+        })
+}
+
 impl<B: Backend> Param<B> {
     /// The buffers an SGD update reads and writes.
     pub fn sgd_tensor(&mut self) -> SgdTensor<'_, B::Buf> {
@@ -576,10 +591,10 @@ impl<B: Backend> Model<B> {
     pub fn sgd_step(&mut self, be: &B, p: &SgdParams) -> Result<()> {
         let mut copies: Vec<Option<&mut B::Buf>> = self.saved.iter_mut().map(Some).collect();
         let mut halves: Vec<Option<&mut B::Buf>> = self.params.iter().map(|_| None).collect();
-        for (l, s) in self.layers.iter().zip(&self.slots) {
-            if let (LayerKind::Fc(_), Some((w, _)), Some(k)) = (&l.kind, s.params, s.saved) {
-                halves[w] = copies[k].take();
-            }
+        let fc_copies: Vec<_> = fc_copies(&self.layers, &self.slots).collect();
+        for &(i, k) in &fc_copies {
+            let (w, _) = self.slots[i].params.expect("an fc layer has parameters");
+            halves[w] = copies[k].take();
         }
         let mut tensors: Vec<_> = self
             .params
@@ -591,10 +606,8 @@ impl<B: Backend> Model<B> {
             })
             .collect();
         be.sgd_update_all(p, &mut tensors, &mut self.sgd_table)?;
-        for (l, s) in self.layers.iter().zip(&mut self.slots) {
-            if let LayerKind::Fc(_) = l.kind {
-                s.w_copy_fresh = s.saved.is_some();
-            }
+        for (i, _) in fc_copies {
+            self.slots[i].w_copy_fresh = true;
         }
         Ok(())
     }
@@ -602,9 +615,7 @@ impl<B: Backend> Model<B> {
     /// Whether every fc layer's kept copy of its weights is current (the
     /// forward then only reads them): part of what a captured step holds.
     pub fn w_copies_fresh(&self) -> bool {
-        self.layers.iter().zip(&self.slots).all(|(l, s)| {
-            !matches!(l.kind, LayerKind::Fc(_)) || s.saved.is_none() || s.w_copy_fresh
-        })
+        fc_copies(&self.layers, &self.slots).all(|(i, _)| self.slots[i].w_copy_fresh)
     }
 
     /// Marks the fc layers' kept weight copies stale after the weights were

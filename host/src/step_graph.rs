@@ -132,6 +132,7 @@ impl<B: Backend> StepRunner<B> {
         dropout: (u64, u64),
         sgd: &SgdParams,
     ) -> Result<()> {
+        let mut warms = None;
         if self.off.is_none() {
             let key = StepKey {
                 model: model.id(),
@@ -176,8 +177,11 @@ impl<B: Backend> StepRunner<B> {
                 }
                 Action::Eager => self.graph = None,
             }
-            model.train_step(be, dropout, sgd)?;
-            self.stats.eager += 1;
+            warms = Some(key);
+        }
+        model.train_step(be, dropout, sgd)?;
+        self.stats.eager += 1;
+        if let Some(key) = warms {
             // The step warmed the workspaces for the key the model has now
             // (its fc weight copies made by this step's forward and
             // refreshed by its update: a step that makes them needs all a
@@ -186,10 +190,7 @@ impl<B: Backend> StepRunner<B> {
                 w_copies_fresh: model.w_copies_fresh(),
                 ..key
             });
-            return Ok(());
         }
-        model.train_step(be, dropout, sgd)?;
-        self.stats.eager += 1;
         Ok(())
     }
 
