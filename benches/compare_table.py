@@ -103,9 +103,7 @@ def main():
             mine = []
             for i, k in enumerate(PRODUCTS):
                 ms = layers.get((p, layer, k))
-                # conv1's data gradient is never needed (its benchmark times
-                # a slow general path): shown as –.
-                if ms is None or (layer == "conv1" and k == "conv_backward_data"):
+                if ms is None:
                     mine.append("–")
                     continue
                 cell = f"{ms:.2f}"

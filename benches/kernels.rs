@@ -6,6 +6,8 @@
 //! (dense fp32 67, TF32 495, bf16 989 TFLOP/s; 4.3 TB/s measured copy
 //! bandwidth — other GPUs differ). Prints a table and writes JSON to
 //! `ALEXNET_BENCH_JSON` (default `target/kernel-bench.json`).
+//! The conv products run the kernels the training step's autotune picks for
+//! each shape (TF32, bf16; printed as `autotune:` lines).
 //! Arguments filter by substring. Without a GPU it says so and exits 0.
 
 use anyhow::Result;
@@ -69,8 +71,7 @@ impl Bench {
             return Ok(());
         }
         let be = &self.be;
-        // Kernels slower than 20 ms (conv1's data gradient, never needed in
-        // training) get 5 timed runs instead of 40.
+        // Kernels slower than 20 ms get 5 timed runs instead of 40.
         let once = be.time_events(1, 1, || f(be))?[0];
         let reps = if once > 20.0 { 5 } else { 40 };
         let mut t = be.time_events(4, reps, || f(be))?;
@@ -158,7 +159,18 @@ fn main() -> Result<()> {
     ] {
         b.suffix = suffix;
         b.be.set_precision(p)?;
+        // The conv products the training step runs: its autotune's choice
+        // (tensor-core precisions; `ALEXNET_AUTOTUNE=0` keeps the heuristic's).
+        b.be.set_autotune(p != Precision::Fp32);
         for (i, (name, g)) in convs.iter().enumerate() {
+            if b.wanted("conv_forward", name) || b.wanted("conv_backward_data", name) {
+                for t in b.be.autotune_conv(g, true)? {
+                    println!(
+                        "  autotune: {name}{suffix} {}: {} {:.3} ms (heuristic {} {:.3} ms; {} candidates)",
+                        t.product, t.kernel, t.ms, t.heuristic_kernel, t.heuristic_ms, t.candidates
+                    );
+                }
+            }
             let seed = i as u64 * 10;
             let x = b.be.random(g.x_len(), seed)?;
             let w = b.be.random(g.w_len(), seed + 1)?;

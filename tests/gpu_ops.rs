@@ -142,6 +142,7 @@ fn keep<T>(cases: Vec<(&'static str, T)>) -> Vec<(&'static str, T)> {
 const TESTS: &[(&str, Test)] = &[
     ("conv_forward", conv_forward),
     ("conv_backward_data", conv_backward_data),
+    ("conv_data_cols", conv_data_cols),
     ("conv_backward_filter", conv_backward_filter),
     ("conv_backward_bias", conv_backward_bias),
     ("conv_backward", conv_backward),
@@ -496,6 +497,9 @@ fn conv_backward_data(c: &mut Ctx) -> Result<()> {
     each_precision_engines(c, conv_backward_data_in)
 }
 
+/// Strided shapes twice: by columns (the default) and through the gathered
+/// products (`set_data_cols(false)`), which larger channel counts may
+/// still want.
 fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
     let (label, tol) = label_tol(c, p);
     for (case, g) in conv_cases() {
@@ -503,18 +507,98 @@ fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
         let mut want = vec![0.0; g.x_len()];
         c.cpu.conv_backward_data(&g, &dy, &w, &mut want)?;
         let (gdy, gw) = (c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
-        let mut gdx = c.gpu.poisoned(g.x_len())?;
-        c.gpu.conv_backward_data(&g, &gdy, &gw, &mut gdx)?;
-        let got = c.gpu.download(&gdx)?;
-        c.check(
-            "conv_backward_data",
-            &format!("{case}{label}"),
-            &got,
-            &want,
-            tol,
-        );
+        for cols in [true, false] {
+            if !cols && g.stride == 1 {
+                continue;
+            }
+            c.gpu.set_data_cols(cols, None);
+            let mut gdx = c.gpu.poisoned(g.x_len())?;
+            let r = c.gpu.conv_backward_data(&g, &gdy, &gw, &mut gdx);
+            c.gpu.set_data_cols(true, None);
+            r?;
+            let got = c.gpu.download(&gdx)?;
+            let path = if g.stride == 1 {
+                ""
+            } else if cols {
+                " by columns"
+            } else {
+                " gathered"
+            };
+            c.check(
+                "conv_backward_data",
+                &format!("{case}{path}{label}"),
+                &got,
+                &want,
+                tol,
+            );
+        }
     }
     Ok(())
+}
+
+/// The data gradient by columns: strided shapes take it (and stride 1
+/// does not); images in chunks of one, two and all (batch 5, so the last
+/// chunk is short), with the ReLU mask, in each precision; conv1's shape
+/// at batch 3 with one image per chunk.
+fn conv_data_cols(c: &mut Ctx) -> Result<()> {
+    let g = conv_geom(5, 6, 15, 13, 10, 5, 3, 2, 2);
+    let conv1 = conv_geom(3, 3, 224, 224, 96, 11, 4, 2, 1);
+    let stride1 = conv_geom(2, 6, 9, 9, 8, 3, 1, 1, 1);
+    let kernel = c.gpu.conv_data_kernel(&g);
+    c.check_true(
+        "conv_data_cols",
+        &format!("stride 3 takes the columns path ({kernel})"),
+        kernel.starts_with("conv_backward_data_cols"),
+    );
+    let kernel = c.gpu.conv_data_kernel(&stride1);
+    c.check_true(
+        "conv_data_cols",
+        &format!("stride 1 does not ({kernel})"),
+        !kernel.starts_with("conv_backward_data_cols"),
+    );
+    let result = (|| {
+        for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+            c.gpu.set_precision(p)?;
+            let (label, tol) = label_tol(c, p);
+            for (name, g, chunks) in [
+                ("5x6x15x13 -> 10 k5 s3 p2 g2", g, &[1, 2, 5][..]),
+                ("conv1 n3", conv1, &[1][..]),
+            ] {
+                let per_image = g.c_in * g.k_h * g.k_w * g.out_h() * g.out_w();
+                let (x, dy, w) = (
+                    c.randn(g.x_len(), 1.0),
+                    c.randn(g.y_len(), 1.0),
+                    c.randn(g.w_len(), 0.1),
+                );
+                let mut want = vec![0.0; g.x_len()];
+                c.cpu.conv_backward_data(&g, &dy, &w, &mut want)?;
+                for (d, x) in want.iter_mut().zip(&x) {
+                    *d = if *x > 0.0 { *d } else { 0.0 };
+                }
+                let (gx, gdy, gw) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
+                for &imgs in chunks {
+                    c.gpu.set_data_cols(true, Some(imgs * per_image));
+                    let mut gdx = c.gpu.poisoned(g.x_len())?;
+                    let (mut gdw, mut gdb) = (c.gpu.zeros(g.w_len())?, c.gpu.zeros(g.c_out)?);
+                    let dx = Some(&mut gdx);
+                    c.gpu
+                        .conv_backward(&g, &gx, &gdy, &gw, &mut gdw, &mut gdb, dx, true)?;
+                    let got = c.gpu.download(&gdx)?;
+                    c.check(
+                        "conv_data_cols",
+                        &format!("{name} chunks of {imgs} relu{label}"),
+                        &got,
+                        &want,
+                        tol,
+                    );
+                }
+            }
+        }
+        Ok(())
+    })();
+    c.gpu.set_data_cols(true, Some(1 << 26));
+    c.gpu.set_precision(Precision::Fp32)?;
+    result
 }
 
 fn conv_backward(c: &mut Ctx) -> Result<()> {

@@ -1544,7 +1544,8 @@ unsafe fn vmma_tile_half<A: VecOperand, B: VecOperand, const T: u8>(
 /// A dense matrix for the vector engine: element `(k, i)` at
 /// `p[k·ks + i·is]` (fp32, or bf16 when `H`), with `ks = 1` (`K_MAJOR`) or
 /// `is = 1`; vectors start 16-byte aligned. `CA`: copies go through L1
-/// (the conv forwards' filter banks, which neighbouring blocks re-read).
+/// (the conv forwards' and data gradients' filter banks, which
+/// neighbouring blocks re-read).
 #[derive(Clone, Copy)]
 pub struct VStrided<const K_MAJOR: bool, const H: bool, const CA: bool = false> {
     pub p: *const f32,

@@ -203,3 +203,88 @@ pub fn conv_backward_bias(g: &ConvGeom, dy: &[f32], db: &mut [f32]) {
         *out = sum as f32;
     });
 }
+
+/// The column product of the data gradient by columns (twin of the GPU's
+/// `conv_backward_data_cols`), for images `imgs` of dy: `cols[img][(c, kh,
+/// kw)][oh·OW + ow] = Σ_f w[g·Fg+f, c, kh, kw] · dy[img, g·Fg+f, oh, ow]`,
+/// c over all input channels (group g = c / Cg), img counted from
+/// `imgs.start` (overwrites `cols`, `imgs.len()·C_in·KH·KW·OH·OW` floats).
+pub fn conv_backward_data_cols(
+    g: &ConvGeom,
+    dy: &[f32],
+    w: &[f32],
+    cols: &mut [f32],
+    imgs: Range<usize>,
+) {
+    check_geom(g);
+    check_len("dy", dy.len(), g.y_len());
+    check_len("w", w.len(), g.w_len());
+    let (ohw, kk) = (g.out_h() * g.out_w(), g.k_h * g.k_w);
+    check_len("cols", cols.len(), imgs.len() * g.c_in * kk * ohw);
+    if cols.is_empty() {
+        return;
+    }
+    let (cin_g, cout_g) = (g.c_in / g.groups, g.c_out / g.groups);
+    cols.par_chunks_mut(ohw).enumerate().for_each(|(row, out)| {
+        let (img, r) = (imgs.start + row / (g.c_in * kk), row % (g.c_in * kk));
+        let (c, tap) = (r / kk, r % kk);
+        let (group, c_local) = (c / cin_g, c % cin_g);
+        let mut acc = vec![0.0f64; ohw];
+        for oc in group * cout_g..(group + 1) * cout_g {
+            let wv = w[(oc * cin_g + c_local) * kk + tap] as f64;
+            let plane = &dy[(img * g.c_out + oc) * ohw..][..ohw];
+            for (a, &d) in acc.iter_mut().zip(plane) {
+                *a += wv * d as f64;
+            }
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            *o = *a as f32;
+        }
+    });
+}
+
+/// The sum of the data gradient by columns (twin of the GPU's
+/// `conv_cols_sum`): `dx[img, c, ih, iw]` for `img` in `imgs` = Σ over
+/// the taps (kh, kw) and outputs (oh, ow) with `oh·s + kh − pad = ih`,
+/// `ow·s + kw − pad = iw` of `cols[img − imgs.start][(c, kh, kw)][oh·OW +
+/// ow]`; with `mask`, 0 where `mask` (x) ≤ 0. Writes only those images of
+/// dx (NCHW, the whole batch).
+pub fn conv_cols_sum(
+    g: &ConvGeom,
+    cols: &[f32],
+    dx: &mut [f32],
+    mask: Option<&[f32]>,
+    imgs: Range<usize>,
+) {
+    check_geom(g);
+    let (oh, ow, kk) = (g.out_h(), g.out_w(), g.k_h * g.k_w);
+    check_len("cols", cols.len(), imgs.len() * g.c_in * kk * oh * ow);
+    check_len("dx", dx.len(), g.x_len());
+    if let Some(m) = mask {
+        check_len("mask", m.len(), g.x_len());
+    }
+    let plane = g.h * g.w;
+    let first = imgs.start * g.c_in * plane;
+    dx[first..imgs.end * g.c_in * plane]
+        .par_chunks_mut(plane)
+        .enumerate()
+        .for_each(|(p, out)| {
+            let mut acc = vec![0.0f64; plane];
+            for kh in 0..g.k_h {
+                for kw in 0..g.k_w {
+                    let col = &cols[(p * kk + kh * g.k_w + kw) * oh * ow..][..oh * ow];
+                    for y in valid_outputs(kh, g.pad, g.stride, g.h, oh) {
+                        let ih = y * g.stride + kh - g.pad;
+                        for x in valid_outputs(kw, g.pad, g.stride, g.w, ow) {
+                            acc[ih * g.w + x * g.stride + kw - g.pad] += col[y * ow + x] as f64;
+                        }
+                    }
+                }
+            }
+            let at = first + p * plane;
+            for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
+                let keep = mask.is_none_or(|m| m[at + i] > 0.0);
+                *o = if keep { *a as f32 } else { 0.0 };
+            }
+        });
+}

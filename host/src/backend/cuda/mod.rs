@@ -63,6 +63,13 @@ const KERNELS: &[&str] = &[
     "conv_backward_filter_tf32_wide",
     "conv_backward_filter_bf16_wide",
     "conv_backward_bias",
+    "conv_backward_data_cols",
+    "conv_backward_data_cols_tf32",
+    "conv_backward_data_cols_bf16",
+    "conv_backward_data_cols_wide",
+    "conv_backward_data_cols_tf32_wide",
+    "conv_backward_data_cols_bf16_wide",
+    "conv_cols_sum",
     "conv_forward_nhwc_tf32",
     "conv_forward_nhwc_bf16",
     "conv_forward_nhwc_tf32_wide",
@@ -307,6 +314,13 @@ pub struct CudaBackend {
     /// channels, 128×48 or 128×64 tiles) instead (`ALEXNET_TRANSPOSED=0`
     /// turns them off; benchmarks and tests).
     transposed: bool,
+    /// Whether strided convolutions take their data gradient by columns
+    /// (`conv::by_columns`; `ALEXNET_DATA_COLS=0` turns it off: tests and
+    /// benchmarks of the gathered kernels).
+    data_cols: bool,
+    /// Floats of the data gradient's column buffer (`Scratch::Cols`) at
+    /// most; the images go through it in chunks that fit (at least one).
+    cols_budget: usize,
     /// Whether `autotune_conv` times the candidate kernels of each shape
     /// (off by default; `host train` and `host bench` turn it on as the
     /// config's `train.autotune` says).
@@ -326,7 +340,7 @@ pub struct CudaBackend {
     wgmma: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
-    scratch: [Mutex<Option<CudaSlice<f32>>>; 4],
+    scratch: [Mutex<Option<CudaSlice<f32>>>; 5],
     /// The per-step values that dropout and SGD kernels read (`graph.rs`).
     step_values: Mutex<graph::StepValues>,
     /// Set while a step graph is captured: writing the per-step values and
@@ -350,6 +364,8 @@ enum Scratch {
     W = 2,
     /// dy's per-channel partial sums from its relayout (the bias gradient).
     Sums = 3,
+    /// The data gradient's columns (`conv::by_columns`).
+    Cols = 4,
 }
 
 /// Tile height of the GEMM engine's products (conv and fc): 64 or 128 rows
@@ -485,6 +501,8 @@ impl CudaBackend {
                 _ => None,
             },
             transposed: std::env::var("ALEXNET_TRANSPOSED").map_or(true, |v| v != "0"),
+            data_cols: std::env::var("ALEXNET_DATA_COLS").map_or(true, |v| v != "0"),
+            cols_budget: 1 << 26,
             autotune: false,
             tuned: Default::default(),
             tune_log: Default::default(),
@@ -509,6 +527,25 @@ impl CudaBackend {
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+    }
+
+    /// Whether strided convolutions take their data gradient by columns
+    /// (the default) or through the gathered products; and the most floats
+    /// its column buffer may take (default 2^26, 256 MiB; at least one
+    /// image's columns are always made). For tests and benchmarks.
+    pub fn set_data_cols(&mut self, on: bool, budget: Option<usize>) {
+        self.data_cols = on;
+        if let Some(b) = budget {
+            self.cols_budget = b;
+        }
+        self.settings_changed();
+    }
+
+    /// The kernel that `g`'s data gradient runs under the current settings
+    /// (the first of two for the columns path; `"gemm"` for the NCHW
+    /// engine's). For tests: which path a shape takes.
+    pub fn conv_data_kernel(&self, g: &ConvGeom) -> &'static str {
+        conv::data_kernel(self, g)
     }
 
     /// Turns the autotune of convolution kernels on or off (see
