@@ -15,7 +15,7 @@
 //! the `_wide` variants, 256 threads, `gemm::shared_bytes(wide)` of dynamic
 //! shared memory.
 
-use crate::device::{FastDiv, bdim_x, bid_x, bid_y, bid_z, block_sum, shared, tid_x};
+use crate::device::{FastDiv, bdim_x, bid_x, bid_y, bid_z, block_sum, grid_stride, shared, tid_x};
 use crate::gemm::{
     BK, Epilogue, Operand, SLOT_STRIDE, Strided, Transposed, VStrided, VecOperand, elem_at, gemm_kernels,
     gemm_tile, gemm_tile_v, split_range, vbk, vlen,
@@ -560,7 +560,7 @@ pub unsafe extern "ptx-kernel" fn conv_cols_sum(
     let (hw, ohw) = (s.h * s.w, s.oh * s.ow);
     let total = imgs as usize * s.c_in as usize * hw as usize;
     let base = img0 as usize * s.c_in as usize * hw as usize;
-    let (mut i, step) = crate::device::grid_stride();
+    let (mut i, step) = grid_stride();
     while i < total {
         let (plane, p) = ((i / hw as usize) as u32, (i % hw as usize) as u32);
         let (ih, iw) = (p / s.w, p % s.w);
