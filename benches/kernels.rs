@@ -217,12 +217,26 @@ fn main() -> Result<()> {
                 b.be.zeros(outputs)?,
             );
             let flops = 2.0 * (n * inputs * outputs) as f64;
-            b.run("fc_forward", name, flops, 0.0, |be| {
-                be.fc_forward(&g, &x, &w, &bias, &mut y)
-            })?;
-            b.run("fc_backward_data", name, flops, 0.0, |be| {
-                be.fc_backward_data(&g, &dy, &w, &mut dx)
-            })?;
+            // As in the step: where the products read a bf16 or TF32 copy
+            // of w, the SGD update keeps it fresh, so neither makes one.
+            let kept_len = b.be.fc_kept_len(&g);
+            if kept_len > 0 {
+                let mut kept = b.be.zeros(kept_len)?;
+                b.be.fc_forward_keep(&g, &x, &w, &bias, &mut y, &mut kept, false)?;
+                b.run("fc_forward", name, flops, 0.0, |be| {
+                    be.fc_forward_keep(&g, &x, &w, &bias, &mut y, &mut kept, true)
+                })?;
+                b.run("fc_backward_data", name, flops, 0.0, |be| {
+                    be.fc_backward_data_kept(&g, &dy, &w, &kept, &mut dx)
+                })?;
+            } else {
+                b.run("fc_forward", name, flops, 0.0, |be| {
+                    be.fc_forward(&g, &x, &w, &bias, &mut y)
+                })?;
+                b.run("fc_backward_data", name, flops, 0.0, |be| {
+                    be.fc_backward_data(&g, &dy, &w, &mut dx)
+                })?;
+            }
             b.run("fc_backward_filter", name, flops, 0.0, |be| {
                 be.fc_backward_filter(&g, &x, &dy, &mut dw)
             })?;
@@ -314,6 +328,14 @@ fn main() -> Result<()> {
         0.0,
         6.0 * (4096 * 9216) as f64,
         |be| be.convert_bf16(&w6, &mut w6h),
+    )?;
+    let mut w6t = b.be.zeros(4096 * 9216)?;
+    b.run(
+        "convert_tf32",
+        "fc6 w 4096x9216",
+        0.0,
+        8.0 * (4096 * 9216) as f64,
+        |be| be.convert_tf32(&w6, &mut w6t),
     )?;
 
     for (name, c, hw) in [("lrn1 96x55x55", 96, 55), ("lrn2 256x27x27", 256, 27)] {
@@ -517,7 +539,7 @@ fn main() -> Result<()> {
                 w,
                 g: &*g,
                 v,
-                half: None,
+                copy: None,
             })
             .collect();
         be.sgd_update_all(&p, &mut t, &mut table)
@@ -535,7 +557,7 @@ fn main() -> Result<()> {
                     w,
                     g: &*g,
                     v,
-                    half: None,
+                    copy: None,
                 }],
                 table,
             )?;

@@ -38,8 +38,12 @@ struct Ctx {
     /// Whether vector products use their 128-column variants (64×128,
     /// 128×128) where they have them.
     big: bool,
-    /// Whether bf16 vector products read bf16 operand copies.
-    bf16_operands: bool,
+    /// Whether bf16 vector products read bf16 operand copies (and TF32 fc
+    /// products TF32-rounded ones).
+    operand_copies: bool,
+    /// Whether the product under test is an fc one (whose TF32 products
+    /// also run on fp32 operands, converted as fragments are read).
+    fc: bool,
     /// Whether the vector engine is on (the product tests run with it on and
     /// off).
     vec: bool,
@@ -151,6 +155,7 @@ const TESTS: &[(&str, Test)] = &[
     ("transpose", transpose),
     ("row_patches", row_patches),
     ("convert_bf16", convert_bf16),
+    ("convert_tf32", convert_tf32),
     ("fc_forward", fc_forward),
     ("fc_backward_data", fc_backward_data),
     ("fc_backward_filter", fc_backward_filter),
@@ -219,7 +224,8 @@ fn main() {
         failures: vec![],
         wide: false,
         big: false,
-        bf16_operands: true,
+        operand_copies: true,
+        fc: false,
         vec: true,
         wg: false,
     };
@@ -369,24 +375,26 @@ fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> R
             c.gpu.set_gemm_tiles(tiles);
             c.gpu.set_big_tiles(Some(big));
             c.gpu.set_transposed(big);
-            // bf16 twice on the vector engine: with bf16 operand copies and
-            // on fp32 ones (converted as fragments are read).
+            // bf16 (and the fc products' TF32) twice on the vector engine:
+            // with operand copies and on fp32 operands (converted as
+            // fragments are read).
             for (p, ops16) in [
                 (Precision::Fp32, true),
                 (Precision::Tf32, true),
+                (Precision::Tf32, false),
                 (Precision::Bf16, true),
                 (Precision::Bf16, false),
             ] {
-                if !ops16 && !c.vec {
+                if !ops16 && (!c.vec || (p == Precision::Tf32 && !c.fc)) {
                     continue;
                 }
-                c.bf16_operands = ops16;
-                c.gpu.set_bf16_operands(ops16);
+                c.operand_copies = ops16;
+                c.gpu.set_operand_copies(ops16);
                 c.gpu.set_precision(p)?;
                 test(c, p)?;
             }
-            c.bf16_operands = true;
-            c.gpu.set_bf16_operands(true);
+            c.operand_copies = true;
+            c.gpu.set_operand_copies(true);
         }
         Ok(())
     })();
@@ -436,7 +444,7 @@ fn label_tol(c: &Ctx, p: Precision) -> (String, f64) {
     };
     let engine = if !(c.vec || p == Precision::Fp32) {
         " scalar"
-    } else if !c.bf16_operands {
+    } else if !c.operand_copies {
         " fp32-operands"
     } else if c.wg && p != Precision::Fp32 {
         " wgmma"
@@ -1153,6 +1161,35 @@ fn convert_bf16(c: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
+/// TF32 rounding of flat arrays (the fc operand copies in TF32 mode): the
+/// same inputs as `convert_bf16` plus a TF32 tie (rounded away from zero);
+/// bit-identical to the CPU twin.
+fn convert_tf32(c: &mut Ctx) -> Result<()> {
+    for len in [1usize, 7, 8, 13, 1003, 4096 * 37 + 5] {
+        let mut src = c.randn(len, 3.0);
+        for (i, v) in src.iter_mut().enumerate() {
+            *v *= [1.0, 1e-30, 1e30, -7.5][i % 4];
+        }
+        src[0] = f32::from_bits(0x3f80_1000);
+        if len > 1 {
+            src[1] = f32::from_bits(0xbf80_3000);
+        }
+        let want = host::backend::cpu::layout::convert_tf32(&src);
+        let gsrc = c.gpu.upload(&src)?;
+        let mut gdst = c.gpu.poisoned(len)?;
+        c.gpu.convert_tf32(&gsrc, &mut gdst)?;
+        let got = c.gpu.download(&gdst)?;
+        let wrong = got
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        let case = format!("len {len} bitwise");
+        c.check("convert_tf32", &case, &[wrong as f32], &[0.0], 0.0);
+    }
+    Ok(())
+}
+
 fn fc_cases() -> Vec<(&'static str, FcGeom)> {
     let g = |n, inputs, outputs| FcGeom { n, inputs, outputs };
     keep(vec![
@@ -1172,8 +1209,16 @@ fn fc_cases() -> Vec<(&'static str, FcGeom)> {
     ])
 }
 
+/// `each_precision_engines` for an fc product.
+fn fc_engines(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
+    c.fc = true;
+    let result = each_precision_engines(c, test);
+    c.fc = false;
+    result
+}
+
 fn fc_forward(c: &mut Ctx) -> Result<()> {
-    each_precision_engines(c, fc_forward_in)
+    fc_engines(c, fc_forward_in)
 }
 
 fn fc_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
@@ -1196,7 +1241,7 @@ fn fc_forward_in(c: &mut Ctx, p: Precision) -> Result<()> {
 }
 
 fn fc_backward_data(c: &mut Ctx) -> Result<()> {
-    each_precision_engines(c, fc_backward_data_in)
+    fc_engines(c, fc_backward_data_in)
 }
 
 fn fc_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
@@ -1225,7 +1270,7 @@ fn fc_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
 
 fn fc_kept(c: &mut Ctx) -> Result<()> {
     let before = c.checks;
-    each_precision_engines(c, fc_kept_in)?;
+    fc_engines(c, fc_kept_in)?;
     // bf16 on the vector engine keeps w's copy for every h16 case, or
     // nothing was tested.
     let ran = c.checks > before;
@@ -1292,7 +1337,7 @@ fn fc_kept_in(c: &mut Ctx, p: Precision) -> Result<()> {
 }
 
 fn fc_backward_filter(c: &mut Ctx) -> Result<()> {
-    each_precision_engines(c, fc_backward_filter_in)
+    fc_engines(c, fc_backward_filter_in)
 }
 
 fn fc_backward_filter_in(c: &mut Ctx, p: Precision) -> Result<()> {
@@ -1938,7 +1983,16 @@ fn sgd_update_all(c: &mut Ctx) -> Result<()> {
         ),
         ("alexnet 16 tensors", alexnet_lens),
     ]);
-    for rule in [SgdRule::Pytorch, SgdRule::Paper] {
+    // The copies are bf16, or TF32 (a float per weight) in TF32 mode.
+    let modes = [
+        (SgdRule::Pytorch, Precision::Bf16),
+        (SgdRule::Paper, Precision::Bf16),
+        (SgdRule::Pytorch, Precision::Tf32),
+    ];
+    for (rule, prec) in modes {
+        c.gpu.set_precision(prec)?;
+        let tf32 = prec == Precision::Tf32;
+        let kind = if tf32 { "TF32" } else { "bf16" };
         for (case, lens) in &cases {
             let host: Vec<[Vec<f32>; 3]> = lens
                 .iter()
@@ -1950,13 +2004,16 @@ fn sgd_update_all(c: &mut Ctx) -> Result<()> {
                 .map(|[w, g, v]| Ok([c.gpu.upload(w)?, c.gpu.upload(g)?, c.gpu.upload(v)?]))
                 .collect::<Result<Vec<_>>>()?;
             let mut table = host::backend::cuda::SgdTable::default();
-            // Every other tensor refreshes a bf16 copy of its weights (an
-            // fc layer's kept operand copy), poisoned first.
+            // Every other tensor refreshes a copy of its weights (an fc
+            // layer's kept operand copy), poisoned first.
             let mut halves = lens
                 .iter()
                 .enumerate()
                 .map(|(i, &n)| match i % 2 == 1 && n > 0 {
-                    true => c.gpu.poisoned(n.div_ceil(2)).map(Some),
+                    true => c
+                        .gpu
+                        .poisoned(if tf32 { n } else { n.div_ceil(2) })
+                        .map(Some),
                     false => Ok(None),
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -1980,7 +2037,7 @@ fn sgd_update_all(c: &mut Ctx) -> Result<()> {
                         w,
                         g: &*g,
                         v,
-                        half: None,
+                        copy: None,
                     })
                     .collect();
                 c.cpu.sgd_update_all(&p, &mut cpu_t, &mut ())?;
@@ -1991,7 +2048,7 @@ fn sgd_update_all(c: &mut Ctx) -> Result<()> {
                         w,
                         g: &*g,
                         v,
-                        half: h.as_mut(),
+                        copy: h.as_mut(),
                     })
                     .collect();
                 c.gpu.sgd_update_all(&p, &mut gpu_t, &mut table)?;
@@ -2009,14 +2066,14 @@ fn sgd_update_all(c: &mut Ctx) -> Result<()> {
                 }
                 c.check(
                     "sgd_update_all",
-                    &format!("{rule:?} {case}, {what}: w"),
+                    &format!("{rule:?} {kind} {case}, {what}: w"),
                     &got_w,
                     &ref_w,
                     0.0,
                 );
                 c.check(
                     "sgd_update_all",
-                    &format!("{rule:?} {case}, {what}: v"),
+                    &format!("{rule:?} {kind} {case}, {what}: v"),
                     &got_v,
                     &ref_v,
                     0.0,
@@ -2025,16 +2082,24 @@ fn sgd_update_all(c: &mut Ctx) -> Result<()> {
                 for (h, [rw, _, _]) in halves.iter().zip(&want) {
                     let Some(h) = h else { continue };
                     let got = c.gpu.download(h)?;
-                    let got = got
-                        .iter()
-                        .flat_map(|w| [w.to_bits() as u16, (w.to_bits() >> 16) as u16]);
-                    let want = host::backend::cpu::layout::convert_bf16(rw);
-                    wrong += got.zip(&want).filter(|(a, b)| a != *b).count();
+                    wrong += if tf32 {
+                        let want = rw.iter().map(|&w| host::backend::cpu::layout::to_tf32(w));
+                        got.iter()
+                            .zip(want)
+                            .filter(|(a, b)| a.to_bits() != b.to_bits())
+                            .count()
+                    } else {
+                        let got = got
+                            .iter()
+                            .flat_map(|w| [w.to_bits() as u16, (w.to_bits() >> 16) as u16]);
+                        let want = host::backend::cpu::layout::convert_bf16(rw);
+                        got.zip(&want).filter(|(a, b)| a != *b).count()
+                    };
                     copies += 1;
                 }
                 c.check(
                     "sgd_update_all",
-                    &format!("{rule:?} {case}, {what}: {copies} bf16 copies bitwise"),
+                    &format!("{rule:?} {case}, {what}: {copies} {kind} copies bitwise"),
                     &[wrong as f32],
                     &[0.0],
                     0.0,
@@ -2042,6 +2107,7 @@ fn sgd_update_all(c: &mut Ctx) -> Result<()> {
             }
         }
     }
+    c.gpu.set_precision(Precision::Fp32)?;
     Ok(())
 }
 

@@ -235,6 +235,14 @@ pub fn to_tf32(x: f32) -> u32 {
     y
 }
 
+/// fp32 rounded to TF32 as an fp32 value (`to_tf32` with the low 13 bits,
+/// which the conversion leaves unspecified, cleared): what the TF32
+/// operand copies store.
+#[inline(always)]
+pub fn tf32_rounded(x: f32) -> f32 {
+    f32::from_bits(to_tf32(x) & !0x1fff)
+}
+
 /// One warp-wide tensor-core product `c += a·b` on a 16×8×8 tile in TF32:
 /// `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`. With
 /// `g = lane / 4`, `t = lane % 4`: `a = [A[g][t], A[g+8][t], A[g][t+4],

@@ -583,7 +583,8 @@ unsafe fn fc_forward_any<const MODE: u8, const WIDE: bool, const VEC: bool, cons
 gemm_kernels!(fc_forward_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
     fc_forward: FP32, false; fc_forward_tf32: TF32, false; fc_forward_bf16: BF16, false; fc_forward_wide: FP32, true; fc_forward_tf32_wide: TF32, true; fc_forward_bf16_wide: BF16, true);
 gemm_kernels!(fc_forward_vec_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
-    fc_forward_vec_tf32: TF32, 0; fc_forward_vec_bf16: BF16, 0; fc_forward_vec_tf32_wide: TF32, 1; fc_forward_vec_bf16_wide: BF16, 1);
+    fc_forward_vec_tf32: TF32, 0; fc_forward_vec_bf16: BF16, 0; fc_forward_vec_tf32_wide: TF32, 1; fc_forward_vec_bf16_wide: BF16, 1;
+    fc_forward_vec_tf32_big: TF32, 2; fc_forward_vec_tf32r: TF32_ROUNDED, 0; fc_forward_vec_tf32r_wide: TF32_ROUNDED, 1; fc_forward_vec_tf32r_big: TF32_ROUNDED, 2);
 
 /// `fc_forward` on the vector engine from bf16 copies of x and w (`u16`
 /// storage behind the `f32` pointers; inputs a multiple of 8).
@@ -601,7 +602,7 @@ unsafe fn fc_forward_h16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(fc_forward_h16_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
-    fc_forward_vec_h16_bf16: BF16, 0; fc_forward_vec_h16_bf16_wide: BF16, 1);
+    fc_forward_vec_h16_bf16: BF16, 0; fc_forward_vec_h16_bf16_wide: BF16, 1; fc_forward_vec_h16_bf16_big: BF16, 2);
 #[cfg(feature = "wgmma")]
 gemm_kernels!(fc_forward_h16_impl (x: *const f32, w: *const f32, bias: *const f32, y: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
     fc_forward_vec_h16_bf16_wg: WGMMA, 0; fc_forward_vec_h16_bf16_wg_wide: WGMMA, 1);
@@ -672,7 +673,8 @@ unsafe fn fc_backward_data_any<const MODE: u8, const WIDE: bool, const VEC: bool
 gemm_kernels!(fc_backward_data_impl (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
     fc_backward_data: FP32, false; fc_backward_data_tf32: TF32, false; fc_backward_data_bf16: BF16, false; fc_backward_data_wide: FP32, true; fc_backward_data_tf32_wide: TF32, true; fc_backward_data_bf16_wide: BF16, true);
 gemm_kernels!(fc_backward_data_vec_impl (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
-    fc_backward_data_vec_tf32: TF32, 0; fc_backward_data_vec_bf16: BF16, 0; fc_backward_data_vec_tf32_wide: TF32, 1; fc_backward_data_vec_bf16_wide: BF16, 1);
+    fc_backward_data_vec_tf32: TF32, 0; fc_backward_data_vec_bf16: BF16, 0; fc_backward_data_vec_tf32_wide: TF32, 1; fc_backward_data_vec_bf16_wide: BF16, 1;
+    fc_backward_data_vec_tf32_big: TF32, 2; fc_backward_data_vec_tf32r: TF32_ROUNDED, 0; fc_backward_data_vec_tf32r_wide: TF32_ROUNDED, 1; fc_backward_data_vec_tf32r_big: TF32_ROUNDED, 2);
 
 /// `fc_backward_data` on the vector engine from bf16 copies of dy and w
 /// (inputs and outputs multiples of 8).
@@ -689,7 +691,7 @@ unsafe fn fc_backward_data_h16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(fc_backward_data_h16_impl (dy: *const f32, w: *const f32, dx: *mut f32, batch: u32, inputs: u32, outputs: u32, splits: u32) =>
-    fc_backward_data_vec_h16_bf16: BF16, 0; fc_backward_data_vec_h16_bf16_wide: BF16, 1);
+    fc_backward_data_vec_h16_bf16: BF16, 0; fc_backward_data_vec_h16_bf16_wide: BF16, 1; fc_backward_data_vec_h16_bf16_big: BF16, 2);
 
 /// Fully connected weight gradient, `dw[o, i] = Σ_b dy[b, o]·x[b, i]`.
 ///
@@ -750,7 +752,8 @@ unsafe fn fc_backward_filter_any<const MODE: u8, const WIDE: bool, const VEC: bo
 gemm_kernels!(fc_backward_filter_impl (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
     fc_backward_filter: FP32, false; fc_backward_filter_tf32: TF32, false; fc_backward_filter_bf16: BF16, false; fc_backward_filter_wide: FP32, true; fc_backward_filter_tf32_wide: TF32, true; fc_backward_filter_bf16_wide: BF16, true);
 gemm_kernels!(fc_backward_filter_vec_impl (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
-    fc_backward_filter_vec_tf32: TF32, 0; fc_backward_filter_vec_bf16: BF16, 0; fc_backward_filter_vec_tf32_wide: TF32, 1; fc_backward_filter_vec_bf16_wide: BF16, 1);
+    fc_backward_filter_vec_tf32: TF32, 0; fc_backward_filter_vec_bf16: BF16, 0; fc_backward_filter_vec_tf32_wide: TF32, 1; fc_backward_filter_vec_bf16_wide: BF16, 1;
+    fc_backward_filter_vec_tf32_big: TF32, 2; fc_backward_filter_vec_tf32r: TF32_ROUNDED, 0; fc_backward_filter_vec_tf32r_wide: TF32_ROUNDED, 1; fc_backward_filter_vec_tf32r_big: TF32_ROUNDED, 2);
 
 /// `fc_backward_filter` on the vector engine from bf16 copies of x and dy
 /// (inputs and outputs multiples of 8).
@@ -766,7 +769,7 @@ unsafe fn fc_backward_filter_h16_impl<const MODE: u8, const T: u8>(
 }
 
 gemm_kernels!(fc_backward_filter_h16_impl (x: *const f32, dy: *const f32, dw: *mut f32, batch: u32, inputs: u32, outputs: u32) =>
-    fc_backward_filter_vec_h16_bf16: BF16, 0; fc_backward_filter_vec_h16_bf16_wide: BF16, 1);
+    fc_backward_filter_vec_h16_bf16: BF16, 0; fc_backward_filter_vec_h16_bf16_wide: BF16, 1; fc_backward_filter_vec_h16_bf16_big: BF16, 2);
 
 /// Fully connected bias gradient, `db[o] = Σ_b dy[b, o]`: one thread per
 /// output (coalesced across o), summing over the batch in order.

@@ -33,12 +33,12 @@
 //! checks. One thread per 16 bytes of output (4 fp32 or 8 bf16 elements,
 //! one vector store); 1-D grid-stride.
 //!
-//! `convert_bf16` rounds a flat array to bf16 (the fc products' operand
-//! copies, which need no reordering).
+//! `convert_bf16` / `convert_tf32` round a flat array to bf16 / TF32 (the fc
+//! products' operand copies, which need no reordering).
 
 use crate::device::{
     bf16_bits, bid_x, bid_y, bid_z, gdim_x, grid_stride, pack_bf16, shared, sync_threads, tid_x, tid_y,
-    to_tf32, warp_sum,
+    tf32_rounded, warp_sum,
 };
 
 const TILE: u32 = 32;
@@ -95,7 +95,7 @@ struct Tf32(u32);
 impl Tf32 {
     #[inline(always)]
     fn bits(v: f32) -> u32 {
-        to_tf32(v) & !0x1fff
+        tf32_rounded(v).to_bits()
     }
 }
 impl Store for Tf32 {
@@ -304,6 +304,19 @@ unsafe fn row_patches_any<T: Store>(src: *const f32, dst: *mut T, g: RowGeom) {
 /// grid-stride; `src` and `dst` 16-byte aligned.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn convert_bf16(src: *const f32, dst: *mut u16, len: u32) {
+    unsafe { convert(src, dst, len) }
+}
+
+/// `dst[i]` = `src[i]` rounded to TF32 (as `transpose_tf32`), for `len`
+/// elements: the TF32 operand copies of the fc products. As
+/// `convert_bf16`, with two 16-byte stores per thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn convert_tf32(src: *const f32, dst: *mut f32, len: u32) {
+    unsafe { convert(src, dst as *mut Tf32, len) }
+}
+
+#[inline(always)]
+unsafe fn convert<T: Store>(src: *const f32, dst: *mut T, len: u32) {
     let (mut i, step) = grid_stride();
     let len = len as usize;
     while i * 8 < len {
@@ -314,10 +327,14 @@ pub unsafe extern "ptx-kernel" fn convert_bf16(src: *const f32, dst: *mut u16, l
                 (&(*p).0, &(*p.add(1)).0)
             };
             let v = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]].map(f32::from_bits);
-            unsafe { u16::store_vec(dst, at, v) };
+            unsafe { T::store_vec(dst, at, v) };
+            if T::PER_VEC == 4 {
+                let h = [v[4], v[5], v[6], v[7], 0.0, 0.0, 0.0, 0.0];
+                unsafe { T::store_vec(dst, at + 4, h) };
+            }
         } else {
             for j in at..len {
-                unsafe { *dst.add(j) = u16::from_f32(*src.add(j)) };
+                unsafe { *dst.add(j) = T::from_f32(*src.add(j)) };
             }
         }
         i += step;

@@ -10,9 +10,10 @@
 //! graph), so a graph picks up a new learning rate.
 //!
 //! Layout: `table[t]` ([`SgdTensor`]) holds tensor `t`'s `w`, `g`, `v`
-//! addresses, its length, the first chunk it owns, and the address of a
-//! bf16 copy of `w` to refresh (`half`: the fc products' operand copy; 0
-//! for none), written as `convert_bf16` would round the new `w`. Each tensor is cut
+//! addresses, its length, the first chunk it owns, and the addresses of a
+//! bf16 and a TF32 copy of `w` to refresh (`half`, `tf32`: the fc products'
+//! operand copies; 0 for none), written as `convert_bf16` / `convert_tf32`
+//! would round the new `w`. Each tensor is cut
 //! into chunks of `blockDim.x · PER_THREAD` elements, numbered across the
 //! tensors in table order (`first[t+1] = first[t] + ⌈n_t / chunk⌉`).
 //! Mapping: block `b` takes chunks `b, b + gridDim.x, …`, finding each one's
@@ -20,9 +21,9 @@
 //! `x` takes elements `x + k·blockDim.x` (`k < PER_THREAD`) of the chunk,
 //! coalesced, and loads all of them before computing any.
 
-use crate::device::{bdim_x, bf16_bits, bid_x, gdim_x, tid_x};
+use crate::device::{bdim_x, bf16_bits, bid_x, gdim_x, tf32_rounded, tid_x};
 
-/// One parameter tensor of [`sgd_update_all`]'s table (six 64-bit words,
+/// One parameter tensor of [`sgd_update_all`]'s table (seven 64-bit words,
 /// as the host writes them).
 #[repr(C)]
 pub struct SgdTensor {
@@ -32,6 +33,7 @@ pub struct SgdTensor {
     pub n: usize,
     pub first_chunk: usize,
     pub half: *mut u16,
+    pub tf32: *mut f32,
 }
 
 /// Elements per thread per chunk (the host's chunk is `256 · PER_THREAD`).
@@ -78,6 +80,7 @@ pub unsafe extern "ptx-kernel" fn sgd_update_all(
             n,
             first_chunk,
             half,
+            tf32,
         } = unsafe { core::ptr::read(table.add(t)) };
         let base = (c - first_chunk) * chunk_len + x;
         let (mut w, mut g, mut v) = (
@@ -100,6 +103,9 @@ pub unsafe extern "ptx-kernel" fn sgd_update_all(
                     *pw.add(i) = nw;
                     if !half.is_null() {
                         *half.add(i) = bf16_bits(nw);
+                    }
+                    if !tf32.is_null() {
+                        *tf32.add(i) = tf32_rounded(nw);
                     }
                 }
             }

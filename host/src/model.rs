@@ -51,7 +51,7 @@ impl<B: Backend> Param<B> {
             w: &mut self.value,
             g: &self.grad,
             v: &mut self.momentum,
-            half: None,
+            copy: None,
         }
     }
 }
@@ -586,7 +586,7 @@ impl<B: Backend> Model<B> {
 
     /// One SGD step over every parameter (after `backward`), in one
     /// [`Backend::sgd_update_all`].
-    /// The fc layers' kept bf16 copies of their weights are refreshed by
+    /// The fc layers' kept copies of their weights are refreshed by
     /// the same update, so the next forward reads them as they are.
     pub fn sgd_step(&mut self, be: &B, p: &SgdParams) -> Result<()> {
         let mut copies: Vec<Option<&mut B::Buf>> = self.saved.iter_mut().map(Some).collect();
@@ -600,8 +600,8 @@ impl<B: Backend> Model<B> {
             .params
             .iter_mut()
             .zip(halves)
-            .map(|(p, half)| SgdTensor {
-                half,
+            .map(|(p, copy)| SgdTensor {
+                copy,
                 ..p.sgd_tensor()
             })
             .collect();

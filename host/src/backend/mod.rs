@@ -302,15 +302,15 @@ pub struct SgdParams {
 }
 
 /// One parameter tensor of [`Backend::sgd_update_all`]: weights, their
-/// gradient and momentum, of equal lengths, and optionally the bf16 copy of
-/// the weights that an fc layer keeps ([`Backend::fc_kept_len`]), which
-/// the update refreshes from the new weights (backends that keep no such
-/// copies refuse one).
+/// gradient and momentum, of equal lengths, and optionally the bf16 or
+/// TF32 copy of the weights that an fc layer keeps
+/// ([`Backend::fc_kept_len`]), which the update refreshes from the new
+/// weights (backends that keep no such copies refuse one).
 pub struct SgdTensor<'a, Buf> {
     pub w: &'a mut Buf,
     pub g: &'a Buf,
     pub v: &'a mut Buf,
-    pub half: Option<&'a mut Buf>,
+    pub copy: Option<&'a mut Buf>,
 }
 
 /// The values of a training step that change from step to step: dropout's

@@ -103,6 +103,11 @@ pub fn convert_bf16(src: &[f32]) -> Vec<u16> {
     src.iter().copied().map(to_bf16).collect()
 }
 
+/// Every value rounded to TF32, the CPU twin of `convert_tf32`.
+pub fn convert_tf32(src: &[f32]) -> Vec<f32> {
+    src.iter().copied().map(to_tf32).collect()
+}
+
 /// fp32 → bf16 bits, round to nearest even (finite values).
 pub fn to_bf16(v: f32) -> u16 {
     let b = v.to_bits();

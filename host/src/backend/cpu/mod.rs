@@ -386,8 +386,8 @@ impl Backend for CpuBackend {
                 &[(t.g, t.w.len()), (&*t.v, t.w.len())],
             )?;
             ensure!(
-                t.half.is_none(),
-                "sgd_update_all tensor {i}: the CPU keeps no bf16 weight copies"
+                t.copy.is_none(),
+                "sgd_update_all tensor {i}: the CPU keeps no weight copies"
             );
         }
         optimizer::sgd_update_all(p, tensors);

@@ -640,7 +640,7 @@ fn transposed(
     } else {
         (VecTile::Wide, 64)
     };
-    let half16 = (fits[1] && be.bf16_operands)
+    let half16 = (fits[1] && be.operand_copies)
         .then(|| be.vec_kernel(&format!("{base}16_t"), true, tile))
         .flatten();
     let (name, half) = match half16 {
@@ -704,7 +704,7 @@ fn channels_last(
     grid: Option<(u32, u32, u32)>,
 ) -> Option<(&'static str, bool)> {
     if fits[1]
-        && be.bf16_operands
+        && be.operand_copies
         && let Some(name) = vec_tiled(be, k, &format!("{base}_nhwc16"), wide, grid)
     {
         return Some((name, true));
@@ -780,7 +780,7 @@ fn row_path(
     if g.groups != 1 || g.c_in.is_multiple_of(4) {
         return None;
     }
-    let half = be.precision == crate::config::Precision::Bf16 && be.bf16_operands;
+    let half = be.precision == crate::config::Precision::Bf16 && be.operand_copies;
     let name = vec_tiled(
         be,
         k,

@@ -12,7 +12,7 @@
 //! and the `*_vec_h16` kernels read those: half the bytes, no conversion in
 //! the inner loop.
 
-use super::layout::{as_bf16, convert_bf16};
+use super::layout::{as_bf16, as_tf32, convert_bf16, convert_tf32};
 use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
 use crate::backend::FcGeom;
 use anyhow::Result;
@@ -136,108 +136,218 @@ pub(super) fn is_vec_kernel(name: &str) -> bool {
     name.contains("_nhwc") || name.contains("_vec_") || name.contains("_rows")
 }
 
-/// The fc kernel `base` for the current precision and tile height, or a
-/// vector-engine twin where the shape allows: `{base}_vec_h16` (bf16
-/// operand copies; `fits[1]`, bf16 with bf16 operands on) or `{base}_vec`
-/// (`fits[0]`). Its launch configuration from `cfg`, and whether it reads
-/// bf16 copies.
+/// The operand copies an fc product reads: none (fp32 operands, converted
+/// as fragments are read where the precision needs it), bf16 copies (the
+/// `*_vec_h16` kernels) or TF32-rounded ones (`*_vec_tf32r`, which feed
+/// them to the tensor cores as loaded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Copies {
+    None,
+    Bf16,
+    Tf32,
+}
+
+impl Copies {
+    /// Floats of the copy of `len` values.
+    fn floats(self, len: usize) -> usize {
+        match self {
+            Copies::None => 0,
+            Copies::Bf16 => len.div_ceil(2),
+            Copies::Tf32 => len,
+        }
+    }
+
+    /// Writes the copy of `src` into `dst`.
+    fn convert(
+        self,
+        be: &CudaBackend,
+        src: &CudaSlice<f32>,
+        dst: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        match self {
+            Copies::None => Ok(()),
+            Copies::Bf16 => convert_bf16(be, src, dst),
+            Copies::Tf32 => convert_tf32(be, src, dst),
+        }
+    }
+
+    /// Runs `f` on the copy of `src` in scratch `slot` (on `src` itself
+    /// for `None`).
+    fn with<R>(
+        self,
+        be: &CudaBackend,
+        slot: Scratch,
+        src: &CudaSlice<f32>,
+        f: impl FnOnce(&CudaSlice<f32>) -> Result<R>,
+    ) -> Result<R> {
+        match self {
+            Copies::None => f(src),
+            Copies::Bf16 => as_bf16(be, slot, src, f),
+            Copies::Tf32 => as_tf32(be, slot, src, f),
+        }
+    }
+}
+
+/// The fc products' vector tile: `ALEXNET_FC_TILE=narrow|wide|big` forces
+/// one (measurements), otherwise the GEMM engine's height choice `wide`.
+fn fc_tile(wide: bool) -> VecTile {
+    static FORCED: std::sync::OnceLock<Option<VecTile>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| match std::env::var("ALEXNET_FC_TILE").as_deref() {
+        Ok("narrow") => Some(VecTile::Narrow),
+        Ok("wide") => Some(VecTile::Wide),
+        Ok("big") => Some(VecTile::Big),
+        _ => None,
+    });
+    forced.unwrap_or(VecTile::of(wide))
+}
+
+/// Blocks per SM that the fc products' split over K aims at
+/// (`ALEXNET_FC_SPLIT_BLOCKS`, default 2; measurements).
+fn fc_split_blocks() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("ALEXNET_FC_SPLIT_BLOCKS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(2)
+    })
+}
+
+/// An fc product's kernel: the vector engine's `{base}_vec_h16` (bf16
+/// copies; `fits[1]`), `{base}_vec_tf32r` (TF32 copies) or `{base}_vec`
+/// (`fits[0]`) at `tile`, else the GEMM engine's at the tile's height; and
+/// the copies it reads.
 fn pick(
     be: &CudaBackend,
     names: [&'static str; 6],
     fits: [bool; 2],
-    wide: bool,
-    cfg: LaunchConfig,
-) -> (&'static str, LaunchConfig, bool) {
-    let tile = VecTile::of(wide);
-    let half = fits[1] && be.bf16_operands;
-    if let Some(name) = be.vec_kernel(&format!("{}_vec_h16", names[0]), half, tile) {
-        return (name, vec_cfg(cfg, name), true);
+    tile: VecTile,
+) -> (&'static str, Copies) {
+    let base = names[0];
+    if let Some(name) = be.vec_kernel(
+        &format!("{base}_vec_h16"),
+        fits[1] && be.operand_copies,
+        tile,
+    ) {
+        return (name, Copies::Bf16);
     }
-    match be.vec_kernel(&format!("{}_vec", names[0]), fits[0], tile) {
-        Some(name) => (name, vec_cfg(cfg, name), false),
-        None => (be.gemm_kernel(names, wide), cfg, false),
+    if fits[0]
+        && be.operand_copies
+        && be.precision == crate::config::Precision::Tf32
+        && be.vec_engine
+    {
+        let rounded = format!("{base}_vec_tf32r{}", tile.suffix());
+        if let Some((name, _)) = be.funcs.get_key_value(rounded.as_str()) {
+            return (name, Copies::Tf32);
+        }
+    }
+    match be.vec_kernel(&format!("{base}_vec"), fits[0], tile) {
+        Some(name) => (name, Copies::None),
+        None => (be.gemm_kernel(names, tile != VecTile::Narrow), Copies::None),
     }
 }
 
-/// Runs `f` on operands `a` and `b`, or (`half`) on bf16 copies of them in
-/// the given scratch slots.
-fn operands<R>(
-    be: &CudaBackend,
-    half: bool,
-    (sa, a): (Scratch, &CudaSlice<f32>),
-    (sb, b): (Scratch, &CudaSlice<f32>),
-    f: impl FnOnce(&CudaSlice<f32>, &CudaSlice<f32>) -> Result<R>,
-) -> Result<R> {
-    if !half {
-        return f(a, b);
+/// Launch grid of fc kernel `name` for an `m × n` result in `z` K slices.
+fn fc_cfg(name: &str, m: usize, n: usize, z: usize, tile: VecTile) -> LaunchConfig {
+    let cfg = grid(m, n, z, tile != VecTile::Narrow);
+    if is_vec_kernel(name) {
+        vec_cfg(cfg, name)
+    } else {
+        cfg
     }
-    as_bf16(be, sa, a, |a| as_bf16(be, sb, b, |b| f(a, b)))
 }
 
 fn dims(g: &FcGeom) -> (u32, u32, u32) {
     (g.n as u32, g.inputs as u32, g.outputs as u32)
 }
 
-/// An fc product's launch: kernel, grid, whether it reads bf16 operand
-/// copies, and its K slices.
+/// An fc product's launch: kernel, grid, the operand copies it reads, and
+/// its K slices.
 struct FcPlan {
     name: &'static str,
     cfg: LaunchConfig,
-    half: bool,
+    copies: Copies,
     splits: u32,
 }
 
-fn forward_plan(be: &CudaBackend, g: &FcGeom) -> FcPlan {
-    let (cfg, wide) = tiles(be, g.n, g.outputs, 1);
-    let splits = fc_splits(be, &cfg, g.inputs);
-    let fits = [g.inputs.is_multiple_of(4), g.inputs.is_multiple_of(8)];
-    let cfg = grid(g.n, g.outputs, splits as usize, wide);
-    let (name, cfg, half) = pick(be, gemm_names!("fc_forward"), fits, wide, cfg);
+/// The plan of a product with an `m × n` result and depth `k`, split over
+/// K where `split` allows (`fc_splits`).
+fn plan(
+    be: &CudaBackend,
+    names: [&'static str; 6],
+    fits: [bool; 2],
+    (m, n, k): (usize, usize, usize),
+    split: bool,
+) -> FcPlan {
+    let (_, wide) = tiles(be, m, n, 1);
+    let tile = fc_tile(wide);
+    let (name, copies) = pick(be, names, fits, tile);
+    let splits = if split {
+        fc_splits(be, &fc_cfg(name, m, n, 1, tile), k)
+    } else {
+        1
+    };
     FcPlan {
         name,
-        cfg,
-        half,
+        cfg: fc_cfg(name, m, n, splits as usize, tile),
+        copies,
         splits,
     }
+}
+
+fn forward_plan(be: &CudaBackend, g: &FcGeom) -> FcPlan {
+    let fits = [g.inputs.is_multiple_of(4), g.inputs.is_multiple_of(8)];
+    plan(
+        be,
+        gemm_names!("fc_forward"),
+        fits,
+        (g.n, g.outputs, g.inputs),
+        true,
+    )
 }
 
 fn data_plan(be: &CudaBackend, g: &FcGeom) -> FcPlan {
-    let (cfg, wide) = tiles(be, g.n, g.inputs, 1);
-    let splits = fc_splits(be, &cfg, g.outputs);
     let fits = |v: usize| g.inputs.is_multiple_of(v) && g.outputs.is_multiple_of(v);
-    let cfg = grid(g.n, g.inputs, splits as usize, wide);
-    let (name, cfg, half) = pick(
+    plan(
         be,
         gemm_names!("fc_backward_data"),
         [fits(4), fits(8)],
-        wide,
-        cfg,
-    );
-    FcPlan {
-        name,
-        cfg,
-        half,
-        splits,
-    }
+        (g.n, g.inputs, g.outputs),
+        true,
+    )
 }
 
-/// Floats of the bf16 copy of w that the forward can keep for the data
-/// gradient (`fc_forward_keep`), where both read one: 0 unless both run on
-/// bf16 operand copies. Without it fc6's 38M weights are rounded twice a
-/// step (~0.06 ms each at batch 128).
+fn filter_plan(be: &CudaBackend, g: &FcGeom) -> FcPlan {
+    let fits = |v: usize| g.inputs.is_multiple_of(v) && g.outputs.is_multiple_of(v);
+    plan(
+        be,
+        gemm_names!("fc_backward_filter"),
+        [fits(4), fits(8)],
+        (g.outputs, g.inputs, g.n),
+        false,
+    )
+}
+
+/// Floats of the copy of w (bf16 or TF32-rounded) that the forward can
+/// keep for the data gradient (`fc_forward_keep`) and the SGD update
+/// refreshes, where both products read the same kind: 0 where they read
+/// none. Without it fc6's 38M weights are rounded twice a step (~0.06 ms
+/// each in bf16 at batch 128).
 pub(super) fn kept_len(be: &CudaBackend, g: &FcGeom) -> usize {
-    if forward_plan(be, g).half && data_plan(be, g).half {
-        (g.outputs * g.inputs).div_ceil(2)
+    let (f, d) = (forward_plan(be, g).copies, data_plan(be, g).copies);
+    if f == d {
+        f.floats(g.outputs * g.inputs)
     } else {
         0
     }
 }
 
 /// `y = x·wᵀ + b`; with `kept` (`kept_len` floats or more, where that is
-/// not 0) the bf16 copy of w is made there and left for
-/// `fc_backward_data`, or, where `kept` says it is fresh (the SGD update
-/// wrote it from this w), read as it is. A shorter buffer, or one under
-/// settings that keep none, is passed over.
+/// not 0) the copy of w is made there and left for `fc_backward_data`,
+/// or, where `kept` says it is fresh (the SGD update wrote it from this
+/// w), read as it is. A shorter buffer, or one under settings that keep
+/// none, is passed over.
 pub(super) fn fc_forward(
     be: &CudaBackend,
     g: &FcGeom,
@@ -255,7 +365,7 @@ pub(super) fn fc_forward(
     let FcPlan {
         name,
         cfg,
-        half,
+        copies,
         splits,
     } = forward_plan(be, g);
     let what = || format!("{g:?} splits={splits}");
@@ -272,34 +382,36 @@ pub(super) fn fc_forward(
     match kept {
         Some((wt, fresh)) if holds_kept(be, g, wt) => {
             if !fresh {
-                convert_bf16(be, w, wt)?;
+                copies.convert(be, w, wt)?;
             }
             let wt = &*wt;
-            as_bf16(be, Scratch::X, x, |x| run(x, wt))
+            copies.with(be, Scratch::X, x, |x| run(x, wt))
         }
-        _ => operands(be, half, (Scratch::X, x), (Scratch::W, w), run),
+        _ => copies.with(be, Scratch::X, x, |x| {
+            copies.with(be, Scratch::W, w, |w| run(x, w))
+        }),
     }
 }
 
-/// Whether `buf` can hold (or holds) the bf16 copy of w that `kept_len`
-/// names under the current settings.
+/// Whether `buf` can hold (or holds) the copy of w that `kept_len` names
+/// under the current settings.
 fn holds_kept(be: &CudaBackend, g: &FcGeom, buf: &CudaSlice<f32>) -> bool {
     let len = kept_len(be, g);
     len > 0 && buf.len() >= len
 }
 
 /// How many K slices an fc product with launch `cfg` (one slice) and depth
-/// `k` uses: enough blocks for ~2 per SM, each slice at least 256 deep.
-/// M = batch leaves the forward and data-gradient products with few blocks
-/// (AlexNet's fc8 forward: 32 at batch 128).
+/// `k` uses: enough blocks for `fc_split_blocks` (2) per SM, each slice at
+/// least 256 deep. M = batch leaves the forward and data-gradient products
+/// with few blocks (AlexNet's fc8 forward: 32 at batch 128).
 fn fc_splits(be: &CudaBackend, cfg: &LaunchConfig, k: usize) -> u32 {
     let blocks = (cfg.grid_dim.0 * cfg.grid_dim.1 * cfg.grid_dim.2) as usize;
-    let want = (2 * be.sm_count() as usize).div_ceil(blocks);
+    let want = (fc_split_blocks() * be.sm_count() as usize).div_ceil(blocks);
     want.min(k / 256).clamp(1, 16) as u32
 }
 
 /// `dx = dy·w`; with `kept` (what `fc_forward` kept from this same w) the
-/// bf16 copy of w is read from there instead of made again.
+/// copy of w is read from there instead of made again.
 pub(super) fn fc_backward_data(
     be: &CudaBackend,
     g: &FcGeom,
@@ -315,7 +427,7 @@ pub(super) fn fc_backward_data(
     let FcPlan {
         name,
         cfg,
-        half,
+        copies,
         splits,
     } = data_plan(be, g);
     let what = || format!("{g:?} splits={splits}");
@@ -330,8 +442,10 @@ pub(super) fn fc_backward_data(
         })
     };
     match kept {
-        Some(wt) if holds_kept(be, g, wt) => as_bf16(be, Scratch::Dy, dy, |dy| run(dy, wt)),
-        _ => operands(be, half, (Scratch::Dy, dy), (Scratch::W, w), run),
+        Some(wt) if holds_kept(be, g, wt) => copies.with(be, Scratch::Dy, dy, |dy| run(dy, wt)),
+        _ => copies.with(be, Scratch::Dy, dy, |dy| {
+            copies.with(be, Scratch::W, w, |w| run(dy, w))
+        }),
     }
 }
 
@@ -346,22 +460,17 @@ pub(super) fn fc_backward_filter(
     check_len("fc_backward_filter dy", dy, g.n * g.outputs)?;
     check_len("fc_backward_filter dw", dw, g.outputs * g.inputs)?;
     let (n, i, o) = dims(g);
-    let (cfg, wide) = tiles(be, g.outputs, g.inputs, 1);
-    let fits = |v: usize| g.inputs.is_multiple_of(v) && g.outputs.is_multiple_of(v);
-    let (name, cfg, half) = pick(
-        be,
-        gemm_names!("fc_backward_filter"),
-        [fits(4), fits(8)],
-        wide,
-        cfg,
-    );
-    operands(
-        be,
-        half,
-        (Scratch::X, x),
-        (Scratch::Dy, dy),
-        |x, dy| launch!(be, name, cfg, || format!("{g:?}"); x, dy, dw, &n, &i, &o),
-    )
+    let FcPlan {
+        name, cfg, copies, ..
+    } = filter_plan(be, g);
+    copies.with(be, Scratch::X, x, |x| {
+        copies.with(
+            be,
+            Scratch::Dy,
+            dy,
+            |dy| launch!(be, name, cfg, || format!("{g:?}"); x, dy, dw, &n, &i, &o),
+        )
+    })
 }
 
 pub(super) fn fc_backward_bias(

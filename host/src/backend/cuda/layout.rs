@@ -2,7 +2,8 @@
 //! tiles through shared memory, one 32×8 block per tile, grid z over the
 //! batch of matrices), `row_patches` / `row_patches_tf32` /
 //! `row_patches_bf16` (a thread per 16 bytes of output, 1-D grid-stride)
-//! and `convert_bf16` (a thread per 8 elements, 1-D grid-stride).
+//! and `convert_bf16` / `convert_tf32` (a thread per 8 elements, 1-D
+//! grid-stride).
 
 use super::{CudaBackend, Scratch, grid_1d, launch};
 use crate::backend::RowGeom;
@@ -173,6 +174,35 @@ pub(super) fn convert_bf16(
     );
     let n = len as u32;
     launch!(be, "convert_bf16", grid_1d(be, len.div_ceil(8)), || format!("len {len}"); src, dst, &n)
+}
+
+/// `src` rounded to TF32 into `dst` (fp32 storage, the low 13 bits zero).
+pub(super) fn convert_tf32(
+    be: &CudaBackend,
+    src: &CudaSlice<f32>,
+    dst: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let len = src.len();
+    ensure!(
+        dst.len() >= len && len < u32::MAX as usize,
+        "convert_tf32: {len} values (at most 2^32) into {} floats",
+        dst.len()
+    );
+    let n = len as u32;
+    launch!(be, "convert_tf32", grid_1d(be, len.div_ceil(8)), || format!("len {len}"); src, dst, &n)
+}
+
+/// Runs `f` with a TF32-rounded copy of `src` in scratch `slot`.
+pub(super) fn as_tf32<R>(
+    be: &CudaBackend,
+    slot: Scratch,
+    src: &CudaSlice<f32>,
+    f: impl FnOnce(&CudaSlice<f32>) -> Result<R>,
+) -> Result<R> {
+    be.with_scratch(slot, src.len(), |t| {
+        convert_tf32(be, src, t)?;
+        f(t)
+    })
 }
 
 /// Runs `f` with a bf16 copy of `src` in scratch `slot`.

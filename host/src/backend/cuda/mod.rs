@@ -89,6 +89,7 @@ const KERNELS: &[&str] = &[
     "row_patches_tf32",
     "row_patches_bf16",
     "convert_bf16",
+    "convert_tf32",
     "conv_forward_rows_tf32",
     "conv_forward_rows_tf32_wide",
     "conv_forward_rows16_bf16",
@@ -153,6 +154,21 @@ const KERNELS: &[&str] = &[
     "fc_backward_data_vec_h16_bf16_wide",
     "fc_backward_filter_vec_h16_bf16",
     "fc_backward_filter_vec_h16_bf16_wide",
+    "fc_forward_vec_tf32_big",
+    "fc_forward_vec_tf32r",
+    "fc_forward_vec_tf32r_wide",
+    "fc_forward_vec_tf32r_big",
+    "fc_forward_vec_h16_bf16_big",
+    "fc_backward_data_vec_tf32_big",
+    "fc_backward_data_vec_tf32r",
+    "fc_backward_data_vec_tf32r_wide",
+    "fc_backward_data_vec_tf32r_big",
+    "fc_backward_data_vec_h16_bf16_big",
+    "fc_backward_filter_vec_tf32_big",
+    "fc_backward_filter_vec_tf32r",
+    "fc_backward_filter_vec_tf32r_wide",
+    "fc_backward_filter_vec_tf32r_big",
+    "fc_backward_filter_vec_h16_bf16_big",
     "relu_forward",
     "relu_backward",
     "lrn_forward",
@@ -297,9 +313,10 @@ pub struct CudaBackend {
     /// engine (16-byte copies; channels-last convolutions, see `conv.rs`);
     /// `ALEXNET_VEC_ENGINE=0` turns it off (benchmarks).
     vec_engine: bool,
-    /// Whether bf16 channels-last convolutions read bf16 copies of their
-    /// operands (`ALEXNET_BF16_OPERANDS=0` keeps them fp32; benchmarks).
-    bf16_operands: bool,
+    /// Whether bf16 products read bf16 copies of their operands and TF32 fc
+    /// products TF32-rounded ones (`ALEXNET_OPERAND_COPIES=0` keeps them
+    /// fp32, converted as fragments are read; benchmarks and tests).
+    operand_copies: bool,
     /// Whether LRN followed by max pooling runs as one fused pass each way
     /// where the kernels take the shapes (`ALEXNET_FUSE_LRN_POOL=0` runs
     /// them separately; benchmarks).
@@ -493,7 +510,7 @@ impl CudaBackend {
                 _ => GemmTiles::Auto,
             },
             vec_engine: std::env::var("ALEXNET_VEC_ENGINE").map_or(true, |v| v != "0"),
-            bf16_operands: std::env::var("ALEXNET_BF16_OPERANDS").map_or(true, |v| v != "0"),
+            operand_copies: std::env::var("ALEXNET_OPERAND_COPIES").map_or(true, |v| v != "0"),
             fuse_lrn_pool: std::env::var("ALEXNET_FUSE_LRN_POOL").map_or(true, |v| v != "0"),
             big_tiles: match std::env::var("ALEXNET_BIG_TILES").as_deref() {
                 Ok("0") => Some(false),
@@ -831,10 +848,10 @@ impl CudaBackend {
         f(buf.as_mut().unwrap())
     }
 
-    /// Whether bf16 channels-last convolutions read bf16 copies of their
-    /// operands (default) or fp32 ones.
-    pub fn set_bf16_operands(&mut self, on: bool) {
-        self.bf16_operands = on;
+    /// Whether bf16 products read bf16 copies of their operands and TF32 fc
+    /// products TF32-rounded ones (default), or fp32 ones.
+    pub fn set_operand_copies(&mut self, on: bool) {
+        self.operand_copies = on;
         self.settings_changed();
     }
 
@@ -853,6 +870,12 @@ impl CudaBackend {
     /// `src` rounded to bf16 into `dst` (raw storage, two values per float).
     pub fn convert_bf16(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>) -> Result<()> {
         layout::convert_bf16(self, src, dst)
+    }
+
+    /// `src` rounded to TF32 into `dst` (fp32 storage, the low 13 bits
+    /// zero).
+    pub fn convert_tf32(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>) -> Result<()> {
+        layout::convert_tf32(self, src, dst)
     }
 
     /// `dst[b][j][i] = src[b][i][j]` for `batches` row-major `rows × cols`

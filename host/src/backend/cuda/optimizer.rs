@@ -1,8 +1,10 @@
 //! Launcher for `sgd_update_all`: one launch over a list of parameter
-//! tensors, described to the kernel by a device table ([`SgdTable`]) of six
+//! tensors, described to the kernel by a device table ([`SgdTable`]) of seven
 //! 64-bit words per tensor: `w`, `g`, `v` addresses, length, first chunk
 //! (chunks of [`CHUNK`] elements numbered across the tensors), and the
-//! address of the bf16 copy of `w` to refresh (0 for none). The table is
+//! addresses of the bf16 and the TF32 copy of `w` to refresh (0 for none;
+//! an fc layer's kept copy is TF32 in TF32 mode where it holds a float per
+//! weight, otherwise bf16). The table is
 //! written once per list of tensors and only rewritten if they change; the
 //! hyper-parameters come from the backend's per-step values (`graph.rs`).
 //! 256 threads a block, each block striding over chunks.
@@ -29,18 +31,18 @@ pub struct SgdTable {
 }
 
 /// Words per tensor in the table.
-const WORDS: usize = 6;
+const WORDS: usize = 7;
 
-/// The table of tensors `[w, g, v, len, half]` (addresses, length, the bf16
-/// copy's address or 0): six words per tensor, the fifth its first chunk;
-/// and the number of chunks in all.
-pub(crate) fn table_image(tensors: &[[u64; 5]]) -> (Vec<u64>, usize) {
+/// The table of tensors `[w, g, v, len, half, tf32]` (addresses, length,
+/// the bf16 and TF32 copies' addresses or 0): seven words per tensor, the
+/// fifth its first chunk; and the number of chunks in all.
+pub(crate) fn table_image(tensors: &[[u64; 6]]) -> (Vec<u64>, usize) {
     let mut words = Vec::with_capacity(tensors.len() * WORDS);
     let mut chunks = 0;
     for t in tensors {
         words.extend_from_slice(&t[..4]);
         words.push(chunks as u64);
-        words.push(t[4]);
+        words.extend_from_slice(&t[4..]);
         chunks += (t[3] as usize).div_ceil(CHUNK);
     }
     (words, chunks)
@@ -61,16 +63,18 @@ pub(super) fn sgd_update_all(
         check_len(&format!("sgd_update_all tensor {i} grad"), t.g, n)?;
         check_len(&format!("sgd_update_all tensor {i} momentum"), t.v, n)?;
         let g = t.g.device_ptr(&be.stream).0;
-        let half = match t.half.as_deref_mut() {
+        let tf32_mode = be.precision == crate::config::Precision::Tf32;
+        let (half, tf32) = match t.copy.as_deref_mut() {
+            Some(h) if tf32_mode && h.len() >= n => (0, inplace_ptr(be, h)),
             Some(h) => {
                 check_len(
                     &format!("sgd_update_all tensor {i} bf16 copy"),
                     h,
                     n.div_ceil(2),
                 )?;
-                inplace_ptr(be, h)
+                (inplace_ptr(be, h), 0)
             }
-            None => 0,
+            None => (0, 0),
         };
         entries.push([
             inplace_ptr(be, t.w),
@@ -78,6 +82,7 @@ pub(super) fn sgd_update_all(
             inplace_ptr(be, t.v),
             n as u64,
             half,
+            tf32,
         ]);
     }
     let (image, chunks) = table_image(&entries);
@@ -165,7 +170,7 @@ mod tests {
     fn table_covers_every_element_once() {
         // Odd lengths, an empty tensor, one exactly a chunk, one a chunk + 1.
         let lens = [1usize, 0, 1023, 1024, 1025, 5000, 3, 0];
-        let tensors: Vec<[u64; 5]> = lens
+        let tensors: Vec<[u64; 6]> = lens
             .iter()
             .enumerate()
             .map(|(i, &n)| {
@@ -175,6 +180,7 @@ mod tests {
                     0x3000 * i as u64,
                     n as u64,
                     0x4000 * (i % 2) as u64,
+                    0x5000 * (i % 3) as u64,
                 ]
             })
             .collect();
@@ -184,8 +190,8 @@ mod tests {
         assert_eq!(chunks, 11);
         let firsts: Vec<u64> = image.chunks(WORDS).map(|e| e[4]).collect();
         assert_eq!(firsts, [0, 1, 1, 2, 3, 5, 10, 11]);
-        assert_eq!(image[6..10], tensors[1][..4]);
-        assert_eq!(image[11], tensors[1][4]);
+        assert_eq!(image[7..11], tensors[1][..4]);
+        assert_eq!(image[12..14], tensors[1][4..]);
         for grid in [1, 2, 3, 7, chunks, chunks + 5] {
             for (t, seen) in visits(&image, chunks, grid).iter().enumerate() {
                 assert!(
