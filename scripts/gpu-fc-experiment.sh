@@ -15,7 +15,7 @@ r gpu_ops-fc-big 120 env ALEXNET_FC_TILE=big .gpu/bin/gpu_ops fc_
 r memcheck 200 env ALEXNET_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 1 .gpu/bin/gpu_ops fc_ convert_tf32 sgd_update_all
 for B in 128 256; do
   for v in "base" "old ALEXNET_OPERAND_COPIES=0" "big ALEXNET_FC_TILE=big" "wide ALEXNET_FC_TILE=wide" "narrow ALEXNET_FC_TILE=narrow" \
-           "s4 ALEXNET_FC_SPLIT_BLOCKS=4" "bigs4 ALEXNET_FC_TILE=big ALEXNET_FC_SPLIT_BLOCKS=4"; do
+           "bigs4 ALEXNET_FC_TILE=big ALEXNET_FC_SPLIT_BLOCKS=4"; do
     set -- $v; n=$1; shift
     r fc-$B-$n 60 env ALEXNET_BENCH_BATCH=$B "$@" .gpu/bin/kernels fc_ convert_
   done

@@ -10,7 +10,10 @@
 //! shapes are [`VecTile`]). In bf16, where they are multiples of 8, the
 //! operands are first rounded to bf16 copies in scratch (`convert_bf16`)
 //! and the `*_vec_h16` kernels read those: half the bytes, no conversion in
-//! the inner loop.
+//! the inner loop. In TF32 the `*_vec_tf32r` kernels read TF32-rounded
+//! copies (`convert_tf32`) the same way. Either way w's copy is kept by the
+//! layer and rewritten by the SGD update, so a training step rounds only
+//! the activations and gradients.
 
 use super::layout::{as_bf16, as_tf32, convert_bf16, convert_tf32};
 use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
