@@ -536,14 +536,14 @@ gemm_kernels!(conv_backward_data_cols_impl (s: ConvShape, dy: *const f32, w: *co
 
 /// The taps of one dimension that land on input position `t + pad` = `tp`:
 /// `k ≡ tp (mod stride)`, `k < k_len`, `k ≤ tp` and output `(tp − k)/stride
-/// < out`, as (first k, output of that k); later taps are `stride` further
-/// with outputs one less.
+/// < out`, as (first k, output of that k), or None when no tap lands there;
+/// later taps are `stride` further with outputs one less.
 #[inline(always)]
-fn first_tap(tp: u32, stride: u32, k_len: u32, out: u32) -> (u32, u32) {
+fn first_tap(tp: u32, stride: u32, k_len: u32, out: u32) -> Option<(u32, u32)> {
     // The largest output o < out with o·stride ≤ tp gives the smallest tap.
     let o = (tp / stride).min(out.wrapping_sub(1));
     let k = tp.wrapping_sub(o * stride);
-    (k, if k < k_len { o } else { u32::MAX })
+    (k < k_len).then_some((k, o))
 }
 
 /// Sums the column entries of images `img0..img0+imgs` into dx (NCHW): see
@@ -564,10 +564,11 @@ pub unsafe extern "ptx-kernel" fn conv_cols_sum(
     while i < total {
         let (plane, p) = ((i / hw as usize) as u32, (i % hw as usize) as u32);
         let (ih, iw) = (p / s.w, p % s.w);
-        let (kh0, oh0) = first_tap(ih + s.pad, s.stride, s.kh, s.oh);
-        let (kw0, ow0) = first_tap(iw + s.pad, s.stride, s.kw, s.ow);
         let mut acc = 0.0f32;
-        if oh0 != u32::MAX && ow0 != u32::MAX {
+        if let (Some((kh0, oh0)), Some((kw0, ow0))) = (
+            first_tap(ih + s.pad, s.stride, s.kh, s.oh),
+            first_tap(iw + s.pad, s.stride, s.kw, s.ow),
+        ) {
             let row0 = plane as usize * s.kk() as usize;
             let (mut kh, mut oh) = (kh0, oh0 as i32);
             while kh < s.kh && oh >= 0 {
