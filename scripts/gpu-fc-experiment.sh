@@ -3,14 +3,14 @@
 # converted in the inner loop (ALEXNET_OPERAND_COPIES=0), tile shapes
 # (ALEXNET_FC_TILE) and split-K targets (ALEXNET_FC_SPLIT_BLOCKS): the new
 # tests and memcheck first, then host bench A/B, the kernels bench sweep, and
-# the whole gpu_ops while time is left (steps that would pass ~570 s are skipped).
+# the whole gpu_ops while time is left (steps that would pass $DEADLINE s, default 570, are skipped).
 # Build first: bash scripts/gpu-bundle.sh .gpu, run with carry [".gpu"].
 set -uo pipefail
 (cd .gpu; for f in bin/*.gz; do gunzip -f $f; done)
 L=$OUT/logs; mkdir -p $L; t0=$(date +%s)
 pack() { (cd $OUT && tar czf logs.tgz logs); }
 r() { local n=$1 t=$2; shift 2
-  local left=$(( 570 - ($(date +%s)-t0) )); [ $left -lt 20 ] && { echo "$n SKIPPED (time)" | tee -a $L/summary.log; return; }
+  local left=$(( ${DEADLINE:-570} - ($(date +%s)-t0) )); [ $left -lt 20 ] && { echo "$n SKIPPED (time)" | tee -a $L/summary.log; return; }
   [ $t -gt $left ] && t=$left
   timeout $t "$@" > $L/$n.log 2>&1; echo "$n rc=$? $(( $(date +%s)-t0 ))s" | tee -a $L/summary.log; pack; }
 r gpu_ops 150 .gpu/bin/gpu_ops fc_ convert_ sgd_update_all train_steps
