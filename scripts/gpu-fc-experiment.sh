@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# fc products: TF32 on rounded operand copies (default) against fp32 operands
-# converted in the inner loop (ALEXNET_OPERAND_COPIES=0), tile shapes
-# (ALEXNET_FC_TILE) and split-K targets (ALEXNET_FC_SPLIT_BLOCKS): the new
-# tests and memcheck first, then host bench A/B, the kernels bench sweep, and
-# the whole gpu_ops while time is left (steps that would pass $DEADLINE s, default 570, are skipped).
+# fc products: the tile height (default: 128 rows where they add no padding,
+# the split over K filling the GPU; ALEXNET_FC_TILE=narrow is the old
+# choice at batch 128/256) and TF32 operand copies (ALEXNET_TF32_COPIES=1),
+# as whole training steps; then issue 4's comparison table (run.sh compare).
+# Steps that would pass $DEADLINE s (default 570) are skipped.
 # Build first: bash scripts/gpu-bundle.sh .gpu, run with carry [".gpu"].
 set -uo pipefail
 (cd .gpu; for f in bin/*.gz; do gunzip -f $f; done)
@@ -14,17 +14,13 @@ r() { local n=$1 t=$2; shift 2
   [ $t -gt $left ] && t=$left
   timeout $t "$@" > $L/$n.log 2>&1; echo "$n rc=$? $(( $(date +%s)-t0 ))s" | tee -a $L/summary.log; pack; }
 r gpu_ops 150 .gpu/bin/gpu_ops fc_ convert_ sgd_update_all train_steps
-r memcheck 90 env ALEXNET_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 1 .gpu/bin/gpu_ops fc_forward fc_kept convert_tf32 sgd_update_all
-r bench-tf32-copies 90 .gpu/bin/host bench configs/alexnet.json --batch-size 128,256 --profile --precision tf32 --device cuda
-r bench-tf32-old 70 env ALEXNET_OPERAND_COPIES=0 .gpu/bin/host bench configs/alexnet.json --batch-size 128,256 --precision tf32 --device cuda
-for B in 128 256; do
-  for v in "base" "old ALEXNET_OPERAND_COPIES=0" "big ALEXNET_FC_TILE=big" "wide ALEXNET_FC_TILE=wide" "bigs4 ALEXNET_FC_TILE=big ALEXNET_FC_SPLIT_BLOCKS=4"; do
-    set -- $v; n=$1; shift
-    r fc-$B-$n 30 env ALEXNET_BENCH_BATCH=$B "$@" .gpu/bin/kernels fc_ convert_
-  done
+B="bench configs/alexnet.json --batch-size 128,256 --device cuda"
+for p in tf32 bf16; do
+  r bench-$p 40 .gpu/bin/host $B --precision $p
+  r bench-$p-narrow 40 env ALEXNET_FC_TILE=narrow .gpu/bin/host $B --precision $p
 done
-for f in $L/fc-*.log; do echo "== $(basename $f .log)"; grep -E "tf32|bf16" $f | grep -v bias; done > $L/fc-table.log
-grep -h "images/s" $L/bench-*.log >> $L/summary.log
-r gpu_ops-all 300 .gpu/bin/gpu_ops
-grep -h "fail\|passed\|FAIL\|ERROR SUMMARY" $L/gpu_ops*.log $L/memcheck.log | tail -n 8 >> $L/summary.log
+r bench-tf32-copies 40 env ALEXNET_TF32_COPIES=1 .gpu/bin/host $B --precision tf32
+grep -H "images/s" $L/bench-*.log | sed 's/.*logs.//' >> $L/summary.log
+r compare 400 env OUT=$L/compare bash .gpu/run.sh compare
+grep -h "fail\|passed\|FAIL" $L/gpu_ops*.log | tail -n 4 >> $L/summary.log
 cat $L/summary.log; pack

@@ -360,6 +360,7 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
 /// (data gradient), 192 in 128×64), leaving the GPU in fp32 with the
 /// automatic tile choice.
 fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
+    let tf32_copies = c.gpu.tf32_copies();
     let result = (|| {
         for (wide, tiles, big) in [
             (false, GemmTiles::Narrow, false),
@@ -390,11 +391,13 @@ fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> R
                 }
                 c.operand_copies = ops16;
                 c.gpu.set_operand_copies(ops16);
+                c.gpu.set_tf32_copies(ops16);
                 c.gpu.set_precision(p)?;
                 test(c, p)?;
             }
             c.operand_copies = true;
             c.gpu.set_operand_copies(true);
+            c.gpu.set_tf32_copies(tf32_copies);
         }
         Ok(())
     })();
@@ -2175,29 +2178,40 @@ fn train_steps_graph(c: &mut Ctx) -> Result<()> {
     let tiny = host::config::Config::from_str(include_str!("../configs/tiny.json"), "tiny.json")?;
     let alexnet =
         host::config::Config::from_str(include_str!("../configs/alexnet.json"), "alexnet.json")?;
+    // The last field: TF32 fc products on rounded operand copies, the SGD
+    // update refreshing the weights' copies between replays.
     let cases = keep(vec![
         (
             "tiny b6 fp32",
-            (&tiny, 6, Precision::Fp32, SgdRule::Pytorch),
+            (&tiny, 6, Precision::Fp32, SgdRule::Pytorch, false),
         ),
-        ("tiny b6 tf32", (&tiny, 6, Precision::Tf32, SgdRule::Paper)),
+        (
+            "tiny b6 tf32",
+            (&tiny, 6, Precision::Tf32, SgdRule::Paper, false),
+        ),
         (
             "tiny b6 bf16",
-            (&tiny, 6, Precision::Bf16, SgdRule::Pytorch),
+            (&tiny, 6, Precision::Bf16, SgdRule::Pytorch, false),
         ),
         (
             "alexnet b16 tf32",
-            (&alexnet, 16, Precision::Tf32, SgdRule::Pytorch),
+            (&alexnet, 16, Precision::Tf32, SgdRule::Pytorch, false),
+        ),
+        (
+            "alexnet b16 tf32 copies",
+            (&alexnet, 16, Precision::Tf32, SgdRule::Pytorch, true),
         ),
         (
             "alexnet b16 bf16",
-            (&alexnet, 16, Precision::Bf16, SgdRule::Pytorch),
+            (&alexnet, 16, Precision::Bf16, SgdRule::Pytorch, false),
         ),
     ]);
     const STEPS: u64 = 6;
     let test = "train_steps_graph";
-    for (case, (cfg, batch, precision, rule)) in cases {
+    let tf32_copies = c.gpu.tf32_copies();
+    for (case, (cfg, batch, precision, rule, copies)) in cases {
         c.gpu.set_precision(precision)?;
+        c.gpu.set_tf32_copies(copies);
         let mut eager = Model::new(&c.gpu, &cfg.model, batch, 11)?;
         let mut graphed = Model::new(&c.gpu, &cfg.model, batch, 11)?;
         let mut runner = StepRunner::new(&c.gpu, true);
@@ -2260,6 +2274,7 @@ fn train_steps_graph(c: &mut Ctx) -> Result<()> {
             }
         }
     }
+    c.gpu.set_tf32_copies(tf32_copies);
     c.gpu.set_precision(Precision::Fp32)?;
     Ok(())
 }

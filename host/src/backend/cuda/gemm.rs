@@ -235,10 +235,7 @@ fn pick(
     ) {
         return (name, Copies::Bf16);
     }
-    if fits[0]
-        && be.operand_copies
-        && be.precision == crate::config::Precision::Tf32
-        && be.vec_engine
+    if fits[0] && be.tf32_copies && be.precision == crate::config::Precision::Tf32 && be.vec_engine
     {
         let rounded = format!("{base}_vec_tf32r{}", tile.suffix());
         if let Some((name, _)) = be.funcs.get_key_value(rounded.as_str()) {
@@ -283,7 +280,10 @@ fn plan(
     (m, n, k): (usize, usize, usize),
     split: bool,
 ) -> FcPlan {
-    let (_, wide) = tiles(be, m, n, 1);
+    // A split over K fills the GPU, so the height no longer has to leave
+    // enough blocks: 128 rows wherever they add no padding (the forward and
+    // data gradient at batch 128: TF32 −0.05 ms, bf16 −0.02 ms a step).
+    let wide = be.wide_tiles(m, (!split).then_some(n.div_ceil(64)));
     let tile = fc_tile(wide);
     let (name, copies) = pick(be, names, fits, tile);
     let splits = if split {

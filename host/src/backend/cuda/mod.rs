@@ -313,10 +313,15 @@ pub struct CudaBackend {
     /// engine (16-byte copies; channels-last convolutions, see `conv.rs`);
     /// `ALEXNET_VEC_ENGINE=0` turns it off (benchmarks).
     vec_engine: bool,
-    /// Whether bf16 products read bf16 copies of their operands and TF32 fc
-    /// products TF32-rounded ones (`ALEXNET_OPERAND_COPIES=0` keeps them
-    /// fp32, converted as fragments are read; benchmarks and tests).
+    /// Whether bf16 products read bf16 copies of their operands
+    /// (`ALEXNET_OPERAND_COPIES=0` keeps them fp32, converted as fragments
+    /// are read; benchmarks and tests).
     operand_copies: bool,
+    /// Whether TF32 fc products read TF32-rounded copies of their operands,
+    /// the SGD update writing the weights' (`ALEXNET_TF32_COPIES=1`). Off by
+    /// default: no faster on the H200 (the in-loop conversion was not what
+    /// held the fc products back; `benches/NOTES.md`), and 234 MB more.
+    tf32_copies: bool,
     /// Whether LRN followed by max pooling runs as one fused pass each way
     /// where the kernels take the shapes (`ALEXNET_FUSE_LRN_POOL=0` runs
     /// them separately; benchmarks).
@@ -511,6 +516,7 @@ impl CudaBackend {
             },
             vec_engine: std::env::var("ALEXNET_VEC_ENGINE").map_or(true, |v| v != "0"),
             operand_copies: std::env::var("ALEXNET_OPERAND_COPIES").map_or(true, |v| v != "0"),
+            tf32_copies: std::env::var("ALEXNET_TF32_COPIES").is_ok_and(|v| v == "1"),
             fuse_lrn_pool: std::env::var("ALEXNET_FUSE_LRN_POOL").map_or(true, |v| v != "0"),
             big_tiles: match std::env::var("ALEXNET_BIG_TILES").as_deref() {
                 Ok("0") => Some(false),
@@ -848,11 +854,23 @@ impl CudaBackend {
         f(buf.as_mut().unwrap())
     }
 
-    /// Whether bf16 products read bf16 copies of their operands and TF32 fc
-    /// products TF32-rounded ones (default), or fp32 ones.
+    /// Whether bf16 products read bf16 copies of their operands (default),
+    /// or fp32 ones.
     pub fn set_operand_copies(&mut self, on: bool) {
         self.operand_copies = on;
         self.settings_changed();
+    }
+
+    /// Whether TF32 fc products read TF32-rounded operand copies (default
+    /// off), or fp32 ones converted as fragments are read.
+    pub fn set_tf32_copies(&mut self, on: bool) {
+        self.tf32_copies = on;
+        self.settings_changed();
+    }
+
+    /// Whether TF32 fc products read TF32-rounded operand copies.
+    pub fn tf32_copies(&self) -> bool {
+        self.tf32_copies
     }
 
     /// `row_patches`, `row_patches_tf32` or `row_patches_bf16` (as `elem`
