@@ -166,14 +166,7 @@ pub(super) fn convert_bf16(
     src: &CudaSlice<f32>,
     dst: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    let len = src.len();
-    ensure!(
-        dst.len() >= len.div_ceil(2) && len < u32::MAX as usize,
-        "convert_bf16: {len} values (at most 2^32) into {} floats of bf16 storage",
-        dst.len()
-    );
-    let n = len as u32;
-    launch!(be, "convert_bf16", grid_1d(be, len.div_ceil(8)), || format!("len {len}"); src, dst, &n)
+    convert(be, "convert_bf16", src, dst, src.len().div_ceil(2))
 }
 
 /// `src` rounded to TF32 into `dst` (fp32 storage, the low 13 bits zero).
@@ -182,14 +175,26 @@ pub(super) fn convert_tf32(
     src: &CudaSlice<f32>,
     dst: &mut CudaSlice<f32>,
 ) -> Result<()> {
+    convert(be, "convert_tf32", src, dst, src.len())
+}
+
+/// Launches conversion kernel `name` (8 values a thread) of `src` into
+/// `dst`, which must hold at least `floats`.
+fn convert(
+    be: &CudaBackend,
+    name: &'static str,
+    src: &CudaSlice<f32>,
+    dst: &mut CudaSlice<f32>,
+    floats: usize,
+) -> Result<()> {
     let len = src.len();
     ensure!(
-        dst.len() >= len && len < u32::MAX as usize,
-        "convert_tf32: {len} values (at most 2^32) into {} floats",
+        dst.len() >= floats && len < u32::MAX as usize,
+        "{name}: {len} values (at most 2^32) into {} floats, {floats} needed",
         dst.len()
     );
     let n = len as u32;
-    launch!(be, "convert_tf32", grid_1d(be, len.div_ceil(8)), || format!("len {len}"); src, dst, &n)
+    launch!(be, name, grid_1d(be, len.div_ceil(8)), || format!("len {len}"); src, dst, &n)
 }
 
 /// Runs `f` with a TF32-rounded copy of `src` in scratch `slot`.
