@@ -281,8 +281,9 @@ fn plan(
     split: bool,
 ) -> FcPlan {
     // A split over K fills the GPU, so the height no longer has to leave
-    // enough blocks: 128 rows wherever they add no padding (the forward and
-    // data gradient at batch 128: TF32 −0.05 ms, bf16 −0.02 ms a step).
+    // enough blocks: 128 rows wherever they add no padding (fc6+fc7 forward
+    // and data gradient, H200 kernel timings at batch 128: TF32 0.435 →
+    // 0.387 ms, bf16 0.271 → 0.253; benches/NOTES.md).
     let wide = be.wide_tiles(m, (!split).then_some(n.div_ceil(64)));
     let tile = fc_tile(wide);
     let (name, copies) = pick(be, names, fits, tile);
