@@ -2,7 +2,9 @@
 # fc products: the tile height (default: 128 rows where they add no padding,
 # the split over K filling the GPU; ALEXNET_FC_TILE=narrow is the old
 # choice at batch 128/256) and TF32 operand copies (ALEXNET_TF32_COPIES=1),
-# as whole training steps; then issue 4's comparison table (run.sh compare).
+# and 128×128 tiles split 4 blocks per SM (ALEXNET_FC_TILE=big
+# ALEXNET_FC_SPLIT_BLOCKS=4) and the bf16 weight gradient on bf16 copies
+# (ALEXNET_FC_FILTER_COPIES=1), as whole training steps; then issue 4's comparison table (run.sh compare).
 # Steps that would pass $DEADLINE s (default 570) are skipped.
 # Build first: bash scripts/gpu-bundle.sh .gpu, run with carry [".gpu"].
 set -uo pipefail
@@ -18,8 +20,10 @@ B="bench configs/alexnet.json --batch-size 128,256 --device cuda"
 for p in tf32 bf16; do
   r bench-$p 40 .gpu/bin/host $B --precision $p
   r bench-$p-narrow 40 env ALEXNET_FC_TILE=narrow .gpu/bin/host $B --precision $p
+  r bench-$p-bigs4 40 env ALEXNET_FC_TILE=big ALEXNET_FC_SPLIT_BLOCKS=4 .gpu/bin/host $B --precision $p
 done
 r bench-tf32-copies 40 env ALEXNET_TF32_COPIES=1 .gpu/bin/host $B --precision tf32
+r bench-bf16-filter-copies 40 env ALEXNET_FC_FILTER_COPIES=1 .gpu/bin/host $B --precision bf16
 grep -H "images/s" $L/bench-*.log | sed 's/.*logs.//' >> $L/summary.log
 r compare 400 env OUT=$L/compare bash .gpu/run.sh compare
 grep -h "fail\|passed\|FAIL" $L/gpu_ops*.log | tail -n 4 >> $L/summary.log

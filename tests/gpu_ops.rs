@@ -361,6 +361,7 @@ fn all_conv_cases() -> Vec<(&'static str, ConvGeom)> {
 /// automatic tile choice.
 fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
     let tf32_copies = c.gpu.tf32_copies();
+    let filter_copies = c.gpu.fc_filter_copies();
     let result = (|| {
         for (wide, tiles, big) in [
             (false, GemmTiles::Narrow, false),
@@ -392,12 +393,14 @@ fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> R
                 c.operand_copies = ops16;
                 c.gpu.set_operand_copies(ops16);
                 c.gpu.set_tf32_copies(ops16);
+                c.gpu.set_fc_filter_copies(ops16);
                 c.gpu.set_precision(p)?;
                 test(c, p)?;
             }
             c.operand_copies = true;
             c.gpu.set_operand_copies(true);
             c.gpu.set_tf32_copies(tf32_copies);
+            c.gpu.set_fc_filter_copies(filter_copies);
         }
         Ok(())
     })();

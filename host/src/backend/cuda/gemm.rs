@@ -327,7 +327,7 @@ fn filter_plan(be: &CudaBackend, g: &FcGeom) -> FcPlan {
     plan(
         be,
         gemm_names!("fc_backward_filter"),
-        [fits(4), fits(8)],
+        [fits(4), fits(8) && be.fc_filter_copies],
         (g.outputs, g.inputs, g.n),
         false,
     )

@@ -322,6 +322,12 @@ pub struct CudaBackend {
     /// default: no faster on the H200 (the in-loop conversion was not what
     /// held the fc products back; `benches/NOTES.md`), and 234 MB more.
     tf32_copies: bool,
+    /// Whether the bf16 fc weight gradient reads bf16 copies of x and dy
+    /// too (`ALEXNET_FC_FILTER_COPIES=1`). Off by default: its fp32
+    /// operands converted in the loop measured faster (K is the batch, so
+    /// a block has few k steps to spread the copies' cost over), and two
+    /// `convert_bf16` launches per fc layer go.
+    fc_filter_copies: bool,
     /// Whether LRN followed by max pooling runs as one fused pass each way
     /// where the kernels take the shapes (`ALEXNET_FUSE_LRN_POOL=0` runs
     /// them separately; benchmarks).
@@ -517,6 +523,7 @@ impl CudaBackend {
             vec_engine: std::env::var("ALEXNET_VEC_ENGINE").map_or(true, |v| v != "0"),
             operand_copies: std::env::var("ALEXNET_OPERAND_COPIES").map_or(true, |v| v != "0"),
             tf32_copies: std::env::var("ALEXNET_TF32_COPIES").is_ok_and(|v| v == "1"),
+            fc_filter_copies: std::env::var("ALEXNET_FC_FILTER_COPIES").is_ok_and(|v| v == "1"),
             fuse_lrn_pool: std::env::var("ALEXNET_FUSE_LRN_POOL").map_or(true, |v| v != "0"),
             big_tiles: match std::env::var("ALEXNET_BIG_TILES").as_deref() {
                 Ok("0") => Some(false),
@@ -871,6 +878,18 @@ impl CudaBackend {
     /// Whether TF32 fc products read TF32-rounded operand copies.
     pub fn tf32_copies(&self) -> bool {
         self.tf32_copies
+    }
+
+    /// Whether the bf16 fc weight gradient reads bf16 copies of its
+    /// operands (default off), or fp32 ones converted as fragments are read.
+    pub fn set_fc_filter_copies(&mut self, on: bool) {
+        self.fc_filter_copies = on;
+        self.settings_changed();
+    }
+
+    /// Whether the bf16 fc weight gradient reads bf16 operand copies.
+    pub fn fc_filter_copies(&self) -> bool {
+        self.fc_filter_copies
     }
 
     /// `row_patches`, `row_patches_tf32` or `row_patches_bf16` (as `elem`
