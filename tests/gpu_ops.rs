@@ -1206,6 +1206,8 @@ fn fc_cases() -> Vec<(&'static str, FcGeom)> {
         ("split-K data gradient 3x90 -> 700", g(3, 90, 700)),
         ("vec odd batch 7x36 -> 20", g(7, 36, 20)),
         ("vec split-K 3x1028 -> 700", g(3, 1028, 700)),
+        // Odd rows and slices (5·71): the paired stores' unaligned fallback.
+        ("vec split-K odd slices 5x1100 -> 71", g(5, 1100, 71)),
         // Multiples of 8: bf16 operand copies (`*_vec_h16`) in bf16.
         ("h16 odd batch 5x40 -> 24", g(5, 40, 24)),
         ("h16 split-K 3x2056 -> 712", g(3, 2056, 712)),

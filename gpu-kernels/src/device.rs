@@ -394,6 +394,20 @@ pub unsafe fn ld_shared_v4(addr: u32) -> [f32; 4] {
     [a, b, c, d]
 }
 
+/// Stores `[a, b]` at `p` in one `st.v2.f32`; `p` must be 8-byte aligned.
+#[inline(always)]
+pub unsafe fn st_v2(p: *mut f32, a: f32, b: f32) {
+    unsafe {
+        asm!(
+            "st.v2.f32 [{p}], {{{a},{b}}};",
+            p = in(reg64) p,
+            a = in(reg32) a,
+            b = in(reg32) b,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
 /// Starts an asynchronous copy of one float from global memory to shared
 /// window address `dst` (`cp.async.ca`, sm_80+), or of a zero when `src` is
 /// `None` (source size 0: nothing is read from `dummy`, which only has to be

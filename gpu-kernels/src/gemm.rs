@@ -44,7 +44,7 @@
 use crate::device::{
     bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
     fence_proxy_async_shared, ld_shared, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
-    shared_addr, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
+    shared_addr, st_v2, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
     wgmma_wait,
 };
 use core::arch::asm;
@@ -146,6 +146,17 @@ pub trait Epilogue {
     /// [`vtc_coord`]).
     const DENSE_N: bool = false;
     unsafe fn store(&self, m: u32, n: u32, acc: f32);
+    /// Whether the vector engine hands this epilogue pairs of columns
+    /// (`store2`) instead of single elements.
+    const PAIRS: bool = false;
+    /// `C[m, n]` and `C[m, n + 1]` (called only for `n + 1 < N`).
+    #[inline(always)]
+    unsafe fn store2(&self, m: u32, n: u32, acc: [f32; 2]) {
+        unsafe {
+            self.store(m, n, acc[0]);
+            self.store(m, n + 1, acc[1]);
+        }
+    }
 }
 
 /// Computes the `bm(WIDE)`×64 tile of C at block (bid_x, bid_y) over `k` in
@@ -499,6 +510,7 @@ pub struct StoreStrided {
 
 impl Epilogue for StoreStrided {
     const DENSE_N: bool = true;
+    const PAIRS: bool = true;
     #[inline(always)]
     unsafe fn store(&self, m: u32, n: u32, acc: f32) {
         let b = if self.bias.is_null() {
@@ -509,6 +521,28 @@ impl Epilogue for StoreStrided {
             unsafe { *self.bias.add(n as usize) }
         };
         unsafe { *self.c.add(m as usize * self.rs + n as usize * self.cs) = acc + b };
+    }
+    /// One 8-byte store where C is dense along n and the pair is aligned
+    /// (a split-K slice of odd size can leave it unaligned).
+    #[inline(always)]
+    unsafe fn store2(&self, m: u32, n: u32, acc: [f32; 2]) {
+        let p = self.c.wrapping_add(m as usize * self.rs + n as usize * self.cs);
+        if self.cs != 1 || !(p as usize).is_multiple_of(8) {
+            unsafe {
+                self.store(m, n, acc[0]);
+                self.store(m, n + 1, acc[1]);
+            }
+            return;
+        }
+        let (b0, b1) = if self.bias.is_null() {
+            (0.0, 0.0)
+        } else if self.bias_by_row {
+            let b = unsafe { *self.bias.add(m as usize) };
+            (b, b)
+        } else {
+            unsafe { (*self.bias.add(n as usize), *self.bias.add(n as usize + 1)) }
+        };
+        unsafe { st_v2(p, acc[0] + b0, acc[1] + b1) };
     }
 }
 
@@ -1095,21 +1129,45 @@ pub unsafe fn gemm_tile_v<
     }
     cp_async_wait::<0>();
 
-    let store = |p: u32, v: u32| {
-        if p >= (vbm(T) / 32) * vnj(T) as u32 {
-            return;
-        }
-        let b_rm = b_interleaved::<B, E, MODE, HALF>();
-        let (mi, ni) = vtc_coord::<T>(tid, p, v, !HALF && !A::K_MAJOR, b_rm);
-        let (m, n) = (m0 + mi, n0 + ni);
-        if m < m_total && n < n_total {
-            unsafe { e.store(m, n, acc[p as usize][v as usize]) };
-        }
-    };
+    let b_rm = b_interleaved::<B, E, MODE, HALF>();
+    let rows = !HALF && !A::K_MAJOR;
+    let live = |p: u32| p < (vbm(T) / 32) * vnj(T) as u32;
     macro_rules! store_rows {
-        ($($p:literal)*) => { $( store($p, 0); store($p, 1); store($p, 2); store($p, 3); )* };
+        ($store:ident, $($p:literal)*) => { $( $store($p, 0); $store($p, 1); $store($p, 2); $store($p, 3); )* };
     }
-    store_rows!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+    if E::PAIRS && !b_rm {
+        // Accumulators v and v + 1 (v even) are columns n and n + 1 of
+        // one row: one `store2` where both are inside C.
+        let pair = |p: u32, v: u32| {
+            if v % 2 == 1 || !live(p) {
+                return;
+            }
+            let (mi, ni) = vtc_coord::<T>(tid, p, v, rows, false);
+            let (m, n) = (m0 + mi, n0 + ni);
+            let a = &acc[p as usize];
+            if m >= m_total || n >= n_total {
+                return;
+            }
+            if n + 1 < n_total {
+                unsafe { e.store2(m, n, [a[v as usize], a[v as usize + 1]]) };
+            } else {
+                unsafe { e.store(m, n, a[v as usize]) };
+            }
+        };
+        store_rows!(pair, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+    } else {
+        let single = |p: u32, v: u32| {
+            if !live(p) {
+                return;
+            }
+            let (mi, ni) = vtc_coord::<T>(tid, p, v, rows, b_rm);
+            let (m, n) = (m0 + mi, n0 + ni);
+            if m < m_total && n < n_total {
+                unsafe { e.store(m, n, acc[p as usize][v as usize]) };
+            }
+        };
+        store_rows!(single, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+    }
 }
 
 /// Whether B's columns are interleaved across the warp's 16×8 blocks (see
