@@ -20,6 +20,9 @@ r() { local n=$1 t=$2; shift 2
 r gpu_ops 150 .gpu/bin/gpu_ops fc_ convert_ sgd_update_all train_steps
 B="bench configs/alexnet.json --batch-size 128,256 --device cuda"
 builds=.gpu; [ -x .gpu-a/bin/host ] && builds=".gpu .gpu-a"
+# A build's first CUDA run JIT-compiles its PTX (~40 s where the driver has
+# not cached that module): once per build here, outside the timed runs.
+for d in $builds; do r jit${d#.gpu} 120 $d/bin/host bench configs/tiny.json --batch-size 2 --steps 1 --device cuda; done
 for p in tf32 bf16; do
   for d in $builds; do r bench-$p${d#.gpu} 40 $d/bin/host $B --precision $p; done
   r bench-$p-narrow 40 env ALEXNET_FC_TILE=narrow .gpu/bin/host $B --precision $p
