@@ -142,13 +142,10 @@ pub trait Epilogue {
     /// Whether consecutive n land at consecutive addresses (a dense
     /// row-major C): the vector engine then keeps a row-major fp32 B
     /// operand's columns in `mma` order, so that a warp's stores stay
-    /// coalesced, and reads its fragments with scalar loads (see
-    /// [`vtc_coord`]).
+    /// coalesced, reads its fragments with scalar loads (see
+    /// [`vtc_coord`]), and hands the epilogue pairs of columns (`store2`).
     const DENSE_N: bool = false;
     unsafe fn store(&self, m: u32, n: u32, acc: f32);
-    /// Whether the vector engine hands this epilogue pairs of columns
-    /// (`store2`) instead of single elements.
-    const PAIRS: bool = false;
     /// `C[m, n]` and `C[m, n + 1]` (called only for `n + 1 < N`).
     #[inline(always)]
     unsafe fn store2(&self, m: u32, n: u32, acc: [f32; 2]) {
@@ -510,16 +507,9 @@ pub struct StoreStrided {
 
 impl Epilogue for StoreStrided {
     const DENSE_N: bool = true;
-    const PAIRS: bool = true;
     #[inline(always)]
     unsafe fn store(&self, m: u32, n: u32, acc: f32) {
-        let b = if self.bias.is_null() {
-            0.0
-        } else if self.bias_by_row {
-            unsafe { *self.bias.add(m as usize) }
-        } else {
-            unsafe { *self.bias.add(n as usize) }
-        };
+        let b = unsafe { self.bias_at(m, n) };
         unsafe { *self.c.add(m as usize * self.rs + n as usize * self.cs) = acc + b };
     }
     /// One 8-byte store where C is dense along n and the pair is aligned
@@ -536,13 +526,24 @@ impl Epilogue for StoreStrided {
         }
         let (b0, b1) = if self.bias.is_null() {
             (0.0, 0.0)
-        } else if self.bias_by_row {
-            let b = unsafe { *self.bias.add(m as usize) };
-            (b, b)
         } else {
-            unsafe { (*self.bias.add(n as usize), *self.bias.add(n as usize + 1)) }
+            unsafe { (self.bias_at(m, n), self.bias_at(m, n + 1)) }
         };
         unsafe { st_v2(p, acc[0] + b0, acc[1] + b1) };
+    }
+}
+
+impl StoreStrided {
+    /// The bias added to `C[m, n]` (0 without one).
+    #[inline(always)]
+    unsafe fn bias_at(&self, m: u32, n: u32) -> f32 {
+        if self.bias.is_null() {
+            0.0
+        } else if self.bias_by_row {
+            unsafe { *self.bias.add(m as usize) }
+        } else {
+            unsafe { *self.bias.add(n as usize) }
+        }
     }
 }
 
@@ -1135,9 +1136,10 @@ pub unsafe fn gemm_tile_v<
     macro_rules! store_rows {
         ($store:ident, $($p:literal)*) => { $( $store($p, 0); $store($p, 1); $store($p, 2); $store($p, 3); )* };
     }
-    if E::PAIRS && !b_rm {
+    if E::DENSE_N {
         // Accumulators v and v + 1 (v even) are columns n and n + 1 of
-        // one row: one `store2` where both are inside C.
+        // one row (B is never interleaved here): one `store2` where both
+        // are inside C.
         let pair = |p: u32, v: u32| {
             if v % 2 == 1 || !live(p) {
                 return;
