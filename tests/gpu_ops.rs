@@ -177,6 +177,8 @@ const TESTS: &[(&str, Test)] = &[
     ("sgd_update_all", sgd_update_all),
     ("train_steps", train_steps),
     ("train_steps_graph", train_steps_graph),
+    ("arena_parts", arena_parts),
+    ("arena_sharing", arena_sharing),
     ("staged_writes", staged_writes),
 ];
 
@@ -2280,6 +2282,99 @@ fn train_steps_graph(c: &mut Ctx) -> Result<()> {
         }
     }
     c.gpu.set_tf32_copies(tf32_copies);
+    c.gpu.set_precision(Precision::Fp32)?;
+    Ok(())
+}
+
+/// Ranges of one arena (`Backend::arena`) as buffers: two that share bytes
+/// read what either wrote, one beside them keeps its own, and a fourth,
+/// live when none of them is, spans the whole arena and sees each where the
+/// plan put it (the padding between them still zero).
+fn arena_parts(c: &mut Ctx) -> Result<()> {
+    use host::arena::{ALIGN, ArenaBuf, ArenaPlan};
+    let test = "arena_parts";
+    let (n, m) = (1000usize, 777usize);
+    let span = n.next_multiple_of(ALIGN) + m.next_multiple_of(ALIGN);
+    let plan = ArenaPlan::new(&[
+        ArenaBuf { len: n, live: 0..2 },
+        ArenaBuf { len: n, live: 2..4 },
+        ArenaBuf { len: m, live: 0..4 },
+        ArenaBuf { len: span, live: 4..5 },
+    ]);
+    let mut bufs = c.gpu.arena(&plan)?;
+    c.check_true(
+        test,
+        "planned: 0 and 1 share, 2 after them, 3 over all",
+        plan.offsets == [0, 0, n.next_multiple_of(ALIGN), 0] && plan.total == span,
+    );
+    let (a, b) = (c.randn(n, 1.0), c.randn(m, 1.0));
+    c.gpu.write(&mut bufs[0], &a)?;
+    c.gpu.write(&mut bufs[2], &b)?;
+    let through_1 = c.gpu.download(&bufs[1])?;
+    c.check(test, "1 reads what 0 wrote", &through_1, &a, 0.0);
+    let own = c.gpu.download(&bufs[2])?;
+    c.check(test, "2 keeps its own", &own, &b, 0.0);
+    let mut want = vec![0.0f32; span];
+    want[plan.range(0)].copy_from_slice(&a);
+    want[plan.range(2)].copy_from_slice(&b);
+    let whole = c.gpu.download(&bufs[3])?;
+    c.check(test, "3 sees both at their offsets", &whole, &want, 0.0);
+    Ok(())
+}
+
+/// The model's arena with gradients sharing bytes (`Model::new`) against
+/// every gradient apart (`Model::new_apart`): the same training steps must
+/// give bit-identical losses, weights and momentum (tolerance 0), since the
+/// same kernels run on the same values; a gradient written over one still
+/// needed would show. AlexNet (fused LRN+pool, ReLUs in the conv epilogues)
+/// at batch 8 in TF32 and bf16, and `configs/tiny.json` in fp32.
+fn arena_sharing(c: &mut Ctx) -> Result<()> {
+    let tiny = host::config::Config::from_str(include_str!("../configs/tiny.json"), "tiny.json")?;
+    let alexnet =
+        host::config::Config::from_str(include_str!("../configs/alexnet.json"), "alexnet.json")?;
+    let cases = keep(vec![
+        ("tiny b6 fp32", (&tiny, 6, Precision::Fp32)),
+        ("alexnet b8 tf32", (&alexnet, 8, Precision::Tf32)),
+        ("alexnet b8 bf16", (&alexnet, 8, Precision::Bf16)),
+    ]);
+    let test = "arena_sharing";
+    for (case, (cfg, batch, precision)) in cases {
+        c.gpu.set_precision(precision)?;
+        let mut shared = Model::new(&c.gpu, &cfg.model, batch, 13)?;
+        let mut apart = Model::new_apart(&c.gpu, &cfg.model, batch, 13)?;
+        let (s, a) = (shared.arena(), apart.arena());
+        println!(
+            "  {case}: arena {:.1} MiB shared, {:.1} MiB apart",
+            s.total as f64 * 4.0 / (1 << 20) as f64,
+            a.total as f64 * 4.0 / (1 << 20) as f64
+        );
+        c.check_true(test, &format!("{case} sharing saves bytes"), s.total < a.total);
+        let sgd = SgdParams {
+            lr: 0.02,
+            momentum: 0.9,
+            weight_decay: 5e-4,
+            rule: SgdRule::Pytorch,
+        };
+        for step in 0..3u64 {
+            let x = c.randn(batch * cfg.model.input_len(), 1.0);
+            let y = labels(c, batch, cfg.model.classes);
+            for m in [&mut shared, &mut apart] {
+                m.set_batch(&c.gpu, &x, &y)?;
+                m.train_step(&c.gpu, (9, step), &sgd)?;
+            }
+            let (want, _) = apart.read_metrics(&c.gpu)?;
+            let (got, _) = shared.read_metrics(&c.gpu)?;
+            c.check(test, &format!("{case} step {step} losses"), &got, &want, 0.0);
+        }
+        for momentum in [false, true] {
+            let want = apart.download_params(&c.gpu, momentum)?;
+            let got = shared.download_params(&c.gpu, momentum)?;
+            let what = if momentum { "momentum" } else { "weights" };
+            for (w, g) in want.iter().zip(&got) {
+                c.check(test, &format!("{case} {} {what}", w.name), &g.data, &w.data, 0.0);
+            }
+        }
+    }
     c.gpu.set_precision(Precision::Fp32)?;
     Ok(())
 }

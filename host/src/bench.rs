@@ -49,6 +49,10 @@ pub struct BenchResult {
     /// partial sums, channels-last copies) — the step's peak, since
     /// workspaces are kept.
     pub step_memory_bytes: Option<usize>,
+    /// The model's arena (activations, gradients, kept buffers: planned at
+    /// build, [`crate::arena`]) and what those buffers would take apart.
+    pub arena_bytes: usize,
+    pub arena_separate_bytes: usize,
     pub layers: Vec<LayerTime>,
     /// `--profile` on a backend that records launches: one step's launches
     /// by kernel and by layer.
@@ -357,6 +361,8 @@ pub fn bench<B: Backend>(
         step_mode: runner.describe(),
         model_memory_bytes,
         step_memory_bytes,
+        arena_bytes: model.arena().total * 4,
+        arena_separate_bytes: model.arena().separate * 4,
         layers,
         kernel_profile,
         autotuned: model
@@ -395,6 +401,11 @@ impl BenchResult {
                 .unwrap_or_default()
         );
         println!("  steps: {}", self.step_mode);
+        println!(
+            "  arena (activations, gradients, kept buffers) {:.1} MiB, {:.1} MiB as separate buffers",
+            self.arena_bytes as f64 / (1u64 << 20) as f64,
+            self.arena_separate_bytes as f64 / (1u64 << 20) as f64
+        );
         for r in &self.autotuned {
             let t = &r.tuned;
             let verdict = if t.kernel == t.heuristic_kernel {

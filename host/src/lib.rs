@@ -1,10 +1,12 @@
 //! AlexNet training in pure Rust on NVIDIA GPUs.
 //!
-//! `backend` holds the ops (CPU reference and CUDA), `config` the validated
-//! JSON configs, `data` the datasets and loaders, `checkpoint` safetensors
-//! I/O, `report` metrics and plots, `multi_gpu` data-parallel training,
-//! `step_graph` the single-GPU training step replayed as a CUDA graph.
+//! `arena` plans a model's device memory, `backend` holds the ops (CPU
+//! reference and CUDA), `config` the validated JSON configs, `data` the
+//! datasets and loaders, `checkpoint` safetensors I/O, `report` metrics and
+//! plots, `multi_gpu` data-parallel training, `step_graph` the single-GPU
+//! training step replayed as a CUDA graph.
 
+pub mod arena;
 pub mod backend;
 pub mod bench;
 pub mod checkpoint;

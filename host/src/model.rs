@@ -15,6 +15,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal};
 
+use crate::arena::{ArenaBuf, ArenaPlan};
 use crate::backend::*;
 use crate::checkpoint::NamedTensor;
 use crate::config::{LayerKind, LayerSpec, ModelSpec};
@@ -108,6 +109,69 @@ pub struct Model<B: Backend> {
     sgd_table: B::SgdTable,
     /// The kernels the backend's autotune chose, by layer name.
     autotuned: Vec<(String, TunedKernel)>,
+    /// `acts`, `grads` and `saved`, in that order, in one allocation.
+    arena: ArenaPlan,
+}
+
+/// The gradient buffers (indices into `grads`) layer `i`'s backward reads
+/// or writes: what [`Model::backward_layer`] touches, kept beside it.
+fn grads_touched(layers: &[LayerSpec], slots: &[Slot], i: usize) -> Vec<usize> {
+    let s = &slots[i];
+    let first = s.src == 0;
+    match layers[i].kind {
+        LayerKind::Softmax => vec![s.src],
+        LayerKind::Dropout(_) => vec![s.dst],
+        LayerKind::Relu if s.relu_in_next => vec![],
+        LayerKind::Relu => vec![s.dst],
+        LayerKind::Fc(_) | LayerKind::Conv(_) if first => vec![s.dst],
+        LayerKind::Fc(_) | LayerKind::Conv(_) => vec![s.dst, s.src],
+        LayerKind::Lrn(_) if s.pool_in_lrn => vec![slots[i + 1].dst, s.src],
+        LayerKind::MaxPool(_) if s.pool_in_prev => vec![],
+        LayerKind::Lrn(_) | LayerKind::MaxPool(_) => vec![s.dst, s.src],
+    }
+}
+
+/// The model's buffers on one timeline: 0 is the batch upload, `1 + i`
+/// layer `i`'s forward, `1 + L` a gradient handed in from outside
+/// ([`Model::output_grad_mut`]), `1 + 2L − i` layer `i`'s backward
+/// (`L` layers). Activations and kept buffers live for the whole step (the
+/// backward and the metrics read them); a gradient lives from the first
+/// backward that touches it to the last, so gradients of layers far apart
+/// share bytes. The last gradient also holds what is handed in; one that
+/// nothing touches (the input's, below a conv or fc layer) is a one-float
+/// placeholder. `share` false gives every gradient the whole step.
+fn memory_plan(
+    layers: &[LayerSpec],
+    slots: &[Slot],
+    act_lens: &[usize],
+    saved_lens: &[usize],
+    share: bool,
+) -> ArenaPlan {
+    let l = layers.len();
+    let end = 2 + 2 * l;
+    let whole = |&len: &usize| ArenaBuf { len, live: 0..end };
+    let mut touched: Vec<Vec<usize>> = vec![Vec::new(); act_lens.len()];
+    touched[act_lens.len() - 1].push(1 + l);
+    for i in 0..l {
+        for k in grads_touched(layers, slots, i) {
+            touched[k].push(1 + 2 * l - i);
+        }
+    }
+    let grads = act_lens
+        .iter()
+        .zip(&touched)
+        .map(|(&len, t)| match (t.iter().min(), t.iter().max()) {
+            (Some(_), Some(_)) if !share => whole(&len),
+            (Some(&a), Some(&b)) => ArenaBuf { len, live: a..b + 1 },
+            _ => whole(&1),
+        });
+    let bufs: Vec<ArenaBuf> = act_lens
+        .iter()
+        .map(whole)
+        .chain(grads)
+        .chain(saved_lens.iter().map(whole))
+        .collect();
+    ArenaPlan::new(&bufs)
 }
 
 /// `(a, b)` as shared and mutable borrows of two different elements.
@@ -130,13 +194,23 @@ impl<B: Backend> Model<B> {
     /// Allocates everything for `batch` samples and initialises the weights
     /// from `seed` (N(0, init_std²) weights, constant biases).
     pub fn new(be: &B, spec: &ModelSpec, batch: usize, seed: u64) -> Result<Self> {
+        Self::from_spec(be, spec, batch, seed, true)
+    }
+
+    /// As [`Model::new`], with every gradient in bytes of its own (the
+    /// arena's sharing off): what the shared arena is checked against.
+    pub fn new_apart(be: &B, spec: &ModelSpec, batch: usize, seed: u64) -> Result<Self> {
+        Self::from_spec(be, spec, batch, seed, false)
+    }
+
+    fn from_spec(be: &B, spec: &ModelSpec, batch: usize, seed: u64, share: bool) -> Result<Self> {
         let Some(last) = spec.layers.last() else {
             bail!("the model has no layers")
         };
         if last.kind != LayerKind::Softmax {
             bail!("the last layer must be softmax");
         }
-        Self::build(be, &spec.layers, numel(&last.in_shape), batch, seed)
+        Self::build(be, &spec.layers, numel(&last.in_shape), batch, seed, share)
     }
 
     /// The layers `..end` of `spec` alone, without a loss (the convolutional
@@ -155,7 +229,7 @@ impl<B: Backend> Model<B> {
                 spec.layers.len()
             );
         }
-        Self::build(be, &spec.layers[..end], spec.classes, batch, seed)
+        Self::build(be, &spec.layers[..end], spec.classes, batch, seed, true)
     }
 
     fn build(
@@ -164,6 +238,7 @@ impl<B: Backend> Model<B> {
         classes: usize,
         batch: usize,
         seed: u64,
+        share: bool,
     ) -> Result<Self> {
         let layers = layers.to_vec();
         // Kernel choices first, while no activation holds device memory.
@@ -176,10 +251,11 @@ impl<B: Backend> Model<B> {
             }
         }
         let mut rng = StdRng::seed_from_u64(seed);
-        let input_len = batch * numel(&layers[0].in_shape);
-        let mut acts = vec![be.zeros(input_len)?];
-        let mut grads = vec![be.zeros(input_len)?];
-        let (mut params, mut slots, mut saved) = (Vec::new(), Vec::new(), Vec::new());
+        // Buffer lengths first (activations and their gradients share an
+        // index; `saved` holds what a layer keeps for its backward), then
+        // one arena for all of them.
+        let mut act_lens = vec![batch * numel(&layers[0].in_shape)];
+        let (mut params, mut slots, mut saved_lens) = (Vec::new(), Vec::new(), Vec::new());
         // LRN layers that also do the max pool after them: their output,
         // its gradient and their scale are never touched, so they get
         // one-element placeholders.
@@ -191,7 +267,7 @@ impl<B: Backend> Model<B> {
             })
             .collect();
         for (i, l) in layers.iter().enumerate() {
-            let src = acts.len() - 1;
+            let src = act_lens.len() - 1;
             let in_place = matches!(
                 l.kind,
                 LayerKind::Relu | LayerKind::Dropout(_) | LayerKind::Softmax
@@ -204,9 +280,8 @@ impl<B: Backend> Model<B> {
                 } else {
                     batch * numel(&l.out_shape)
                 };
-                acts.push(be.zeros(len)?);
-                grads.push(be.zeros(len)?);
-                acts.len() - 1
+                act_lens.push(len);
+                act_lens.len() - 1
             };
             let mut slot = Slot {
                 src,
@@ -247,15 +322,15 @@ impl<B: Backend> Model<B> {
             if let Some(g) = l.conv_geom(batch) {
                 let len = be.conv_kept_len(&g);
                 if len > 0 {
-                    saved.push(be.zeros(len)?);
-                    slot.saved = Some(saved.len() - 1);
+                    saved_lens.push(len);
+                    slot.saved = Some(saved_lens.len() - 1);
                 }
             }
             if let Some(g) = l.fc_geom(batch) {
                 let len = be.fc_kept_len(&g);
                 if len > 0 {
-                    saved.push(be.zeros(len)?);
-                    slot.saved = Some(saved.len() - 1);
+                    saved_lens.push(len);
+                    slot.saved = Some(saved_lens.len() - 1);
                 }
             }
             if let LayerKind::Lrn(_) | LayerKind::MaxPool(_) = l.kind {
@@ -264,8 +339,8 @@ impl<B: Backend> Model<B> {
                 } else {
                     batch * numel(&l.out_shape)
                 };
-                saved.push(be.zeros(len)?);
-                slot.saved = Some(saved.len() - 1);
+                saved_lens.push(len);
+                slot.saved = Some(saved_lens.len() - 1);
             }
             slots.push(slot);
         }
@@ -284,6 +359,10 @@ impl<B: Backend> Model<B> {
                 slots[i + 1].pool_in_prev = true;
             }
         }
+        let arena = memory_plan(&layers, &slots, &act_lens, &saved_lens, share);
+        let mut acts = be.arena(&arena)?;
+        let saved = acts.split_off(2 * act_lens.len());
+        let grads = acts.split_off(act_lens.len());
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Ok(Self {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -301,7 +380,15 @@ impl<B: Backend> Model<B> {
             acts,
             grads,
             saved,
+            arena,
         })
+    }
+
+    /// Where the activations, gradients and kept buffers lie in the
+    /// model's arena: activations and kept buffers apart, gradients sharing
+    /// bytes where their lifetimes in the backward pass do not meet.
+    pub fn arena(&self) -> &ArenaPlan {
+        &self.arena
     }
 
     /// The kernels the backend's autotune chose at build, by layer name
@@ -685,5 +772,65 @@ impl<B: Backend> Model<B> {
             self.weights_changed();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arena::ALIGN;
+    use crate::backend::cpu::CpuBackend;
+
+    fn alexnet() -> ModelSpec {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/alexnet.json");
+        crate::config::load(std::path::Path::new(path)).unwrap().model
+    }
+
+    fn disjoint(a: std::ops::Range<usize>, b: std::ops::Range<usize>) -> bool {
+        a.end <= b.start || b.end <= a.start
+    }
+
+    /// AlexNet's convolutional part (its fc weights would cost the test 700
+    /// MB): activations and kept buffers share bytes with nothing, the
+    /// gradients one backward touches share none, and the gradients take
+    /// the room of about the two largest instead of all of them.
+    #[test]
+    fn alexnet_gradients_share_the_arena() {
+        let spec = alexnet();
+        let end = spec.layers.iter().position(|l| l.fc_geom(1).is_some()).unwrap();
+        let m = Model::new_prefix(&CpuBackend, &spec, end, 3, 1).unwrap();
+        let plan = m.arena();
+        let (na, ns) = (m.acts.len(), m.saved.len());
+        assert_eq!(plan.lens.len(), 2 * na + ns);
+        let grad = |k: usize| na + k;
+        let kept = (0..na).chain(2 * na..2 * na + ns);
+        for i in kept {
+            for j in (0..plan.lens.len()).filter(|&j| j != i) {
+                assert!(disjoint(plan.range(i), plan.range(j)), "{i} and {j}");
+            }
+        }
+        for i in 0..m.layers.len() {
+            let t = grads_touched(&m.layers, &m.slots, i);
+            for (a, &k) in t.iter().enumerate() {
+                for &q in &t[a + 1..] {
+                    if q != k {
+                        assert!(disjoint(plan.range(grad(k)), plan.range(grad(q))));
+                    }
+                }
+            }
+        }
+        let padded = |i: usize| plan.lens[i].max(1).next_multiple_of(ALIGN);
+        let apart: usize = (0..na).chain(2 * na..2 * na + ns).map(padded).sum();
+        let mut grads: Vec<usize> = (0..na).map(|k| padded(grad(k))).collect();
+        grads.sort_unstable_by(|a, b| b.cmp(a));
+        println!(
+            "arena {} floats, apart {} + gradients {} (largest {:?})",
+            plan.total,
+            apart,
+            plan.total - apart,
+            &grads[..3]
+        );
+        assert!(plan.total - apart <= grads[0] + grads[1]);
+        assert!(plan.total < plan.separate);
     }
 }

@@ -354,6 +354,13 @@ pub trait Backend {
 
     /// A buffer of `len` zeros.
     fn zeros(&self, len: usize) -> Result<Self::Buf>;
+    /// The buffers of `plan`, zeroed: one allocation of `plan.total` floats
+    /// where buffers whose ranges overlap share bytes (the caller keeps them
+    /// from holding values at the same time). The default allocates each
+    /// buffer apart (the CPU reference has no device memory to save).
+    fn arena(&self, plan: &crate::arena::ArenaPlan) -> Result<Vec<Self::Buf>> {
+        plan.lens.iter().map(|&len| self.zeros(len)).collect()
+    }
     fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
     fn write(&self, dst: &mut Self::Buf, host: &[f32]) -> Result<()>;
     fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;

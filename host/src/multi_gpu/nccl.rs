@@ -31,11 +31,11 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
-use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError, sys as cuda_sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, sys as cuda_sys};
 use cudarc::nccl::{Comm, Id, ReduceOp, result as nccl_result, sys as nccl_sys};
 
 use super::reducer::Reducer;
-use crate::backend::cuda::CudaBackend;
+use crate::backend::cuda::{CudaBackend, DevBuf};
 
 /// `ncclAvg` appeared in NCCL 2.10 (version code 2·10000 + 10·100).
 const MIN_NCCL_VERSION: i32 = 21000;
@@ -196,8 +196,8 @@ impl NcclReducer {
     fn group(
         &self,
         what: &str,
-        bufs: &mut [&mut cudarc::driver::CudaSlice<f32>],
-        op: impl Fn(&Comm, &mut cudarc::driver::CudaSlice<f32>) -> Result<(), nccl_result::NcclError>,
+        bufs: &mut [&mut DevBuf],
+        op: impl Fn(&Comm, &mut DevBuf) -> Result<(), nccl_result::NcclError>,
     ) -> Result<()> {
         nccl_result::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
         let queued = bufs.iter_mut().try_for_each(|b| op(&self.comm, b));
@@ -229,7 +229,7 @@ impl Reducer<CudaBackend> for NcclReducer {
     fn broadcast(
         &mut self,
         be: &CudaBackend,
-        bufs: &mut [&mut cudarc::driver::CudaSlice<f32>],
+        bufs: &mut [&mut DevBuf],
     ) -> Result<()> {
         self.after_compute(be)?;
         self.group("ncclBroadcast", bufs, |c, b| {
@@ -242,7 +242,7 @@ impl Reducer<CudaBackend> for NcclReducer {
     fn start_mean(
         &mut self,
         be: &CudaBackend,
-        grads: &mut [&mut cudarc::driver::CudaSlice<f32>],
+        grads: &mut [&mut DevBuf],
     ) -> Result<()> {
         self.after_compute(be)?;
         self.group("ncclAllReduce (average)", grads, |c, b| {
@@ -255,7 +255,7 @@ impl Reducer<CudaBackend> for NcclReducer {
     fn start_sum(
         &mut self,
         be: &CudaBackend,
-        grads: &mut [&mut cudarc::driver::CudaSlice<f32>],
+        grads: &mut [&mut DevBuf],
     ) -> Result<()> {
         self.after_compute(be)?;
         self.group("ncclAllReduce (sum)", grads, |c, b| {
@@ -280,8 +280,8 @@ impl Reducer<CudaBackend> for NcclReducer {
     fn all_gather(
         &mut self,
         be: &CudaBackend,
-        send: &CudaSlice<f32>,
-        recv: &mut CudaSlice<f32>,
+        send: &DevBuf,
+        recv: &mut DevBuf,
         counts: &[usize],
     ) -> Result<()> {
         let (rank, world) = (self.rank(), self.world());
@@ -324,7 +324,7 @@ impl Reducer<CudaBackend> for NcclReducer {
         self.compute_waits(be)
     }
 
-    fn all_reduce_sum(&mut self, be: &CudaBackend, bufs: &mut [&mut CudaSlice<f32>]) -> Result<()> {
+    fn all_reduce_sum(&mut self, be: &CudaBackend, bufs: &mut [&mut DevBuf]) -> Result<()> {
         self.start_sum(be, bufs)?;
         self.compute_waits(be)
     }
@@ -332,8 +332,8 @@ impl Reducer<CudaBackend> for NcclReducer {
     fn reduce_scatter_sum(
         &mut self,
         be: &CudaBackend,
-        send: &CudaSlice<f32>,
-        recv: &mut CudaSlice<f32>,
+        send: &DevBuf,
+        recv: &mut DevBuf,
     ) -> Result<()> {
         let world = self.world();
         if send.len() != world * recv.len() {

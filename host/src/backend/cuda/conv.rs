@@ -32,7 +32,7 @@
 
 use super::gemm::{VecTile, grid, tiles, vec_cfg};
 use super::layout::{Elem, TRANSPOSE_COLS, row_patches, transpose};
-use super::{CudaBackend, Scratch, check_len, gemm_names, grid_1d, launch};
+use super::{CudaBackend, DevBuf, Scratch, check_len, gemm_names, grid_1d, launch};
 use crate::backend::{ConvGeom, RowGeom, TunedKernel};
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
@@ -303,11 +303,11 @@ pub(super) fn for_each_candidate(
 
 /// Random operands of one convolution shape for the autotune's timings.
 struct TuneBufs {
-    x: CudaSlice<f32>,
-    w: CudaSlice<f32>,
-    bias: CudaSlice<f32>,
-    y: CudaSlice<f32>,
-    dx: CudaSlice<f32>,
+    x: DevBuf,
+    w: DevBuf,
+    bias: DevBuf,
+    y: DevBuf,
+    dx: DevBuf,
 }
 
 impl TuneBufs {

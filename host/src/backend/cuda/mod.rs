@@ -16,6 +16,8 @@
 //! workspace and channels-last scratch never grow during a capture.
 
 mod activation;
+mod buf;
+pub use buf::DevBuf;
 mod conv;
 mod copy;
 mod dropout;
@@ -1066,7 +1068,7 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    type Buf = CudaSlice<f32>;
+    type Buf = DevBuf;
     type Labels = CudaSlice<i32>;
     type SgdTable = SgdTable;
     type Graph = StepGraph;
@@ -1074,17 +1076,29 @@ impl Backend for CudaBackend {
     fn name(&self) -> String {
         format!("{} ({})", self.label, self.precision)
     }
-    fn zeros(&self, len: usize) -> Result<CudaSlice<f32>> {
+    fn zeros(&self, len: usize) -> Result<DevBuf> {
         self.stream
             .alloc_zeros::<f32>(len)
+            .map(DevBuf::from)
             .map_err(|e| self.alloc_error("a buffer", len * 4, e))
     }
-    fn upload(&self, host: &[f32]) -> Result<CudaSlice<f32>> {
+    fn arena(&self, plan: &crate::arena::ArenaPlan) -> Result<Vec<DevBuf>> {
+        let whole = self
+            .stream
+            .alloc_zeros::<f32>(plan.total.max(1))
+            .map_err(|e| self.alloc_error("the model's arena", plan.total * 4, e))?;
+        let whole = std::sync::Arc::new(whole);
+        Ok((0..plan.lens.len())
+            .map(|i| DevBuf::part(&whole, &self.stream, plan.range(i)))
+            .collect())
+    }
+    fn upload(&self, host: &[f32]) -> Result<DevBuf> {
         self.stream
             .clone_htod(host)
+            .map(DevBuf::from)
             .map_err(|e| self.alloc_error("an upload", host.len() * 4, e))
     }
-    fn write(&self, dst: &mut CudaSlice<f32>, host: &[f32]) -> Result<()> {
+    fn write(&self, dst: &mut DevBuf, host: &[f32]) -> Result<()> {
         check_len("write", dst, host.len())?;
         // A second stream cannot join a graph being captured: writes then
         // stay on the compute stream.
@@ -1131,7 +1145,7 @@ impl Backend for CudaBackend {
             .map_err(gpu_err)?;
         slot.used.record(&self.stream).map_err(gpu_err)
     }
-    fn download(&self, buf: &CudaSlice<f32>) -> Result<Vec<f32>> {
+    fn download(&self, buf: &DevBuf) -> Result<Vec<f32>> {
         let v = self.stream.clone_dtoh(buf).map_err(gpu_err)?;
         self.stream.synchronize().map_err(gpu_err)?;
         Ok(v)
@@ -1151,14 +1165,14 @@ impl Backend for CudaBackend {
         }
         self.stream.memcpy_htod(host, dst).map_err(gpu_err)
     }
-    fn len(&self, buf: &CudaSlice<f32>) -> usize {
+    fn len(&self, buf: &DevBuf) -> usize {
         buf.len()
     }
     fn copy_block(
         &self,
         b: &BlockCopy,
-        src: &CudaSlice<f32>,
-        dst: &mut CudaSlice<f32>,
+        src: &DevBuf,
+        dst: &mut DevBuf,
     ) -> Result<()> {
         copy::copy_block(self, b, src, dst)
     }
@@ -1262,7 +1276,7 @@ impl Backend for CudaBackend {
         dx: Option<&mut Self::Buf>,
         relu: bool,
     ) -> Result<()> {
-        conv::conv_backward(self, g, x, None, dy, w, dw, db, dx, relu)
+        conv::conv_backward(self, g, x, None, dy, w, dw, db, dx.map(|d| &mut **d), relu)
     }
     fn conv_backward_kept(
         &self,
@@ -1276,7 +1290,7 @@ impl Backend for CudaBackend {
         dx: Option<&mut Self::Buf>,
         relu: bool,
     ) -> Result<()> {
-        conv::conv_backward(self, g, x, Some(kept), dy, w, dw, db, dx, relu)
+        conv::conv_backward(self, g, x, Some(kept), dy, w, dw, db, dx.map(|d| &mut **d), relu)
     }
     fn fc_forward(
         &self,
@@ -1526,7 +1540,7 @@ impl CudaBackend {
 
     /// `len` floats uniform in [−1, 1) from a xorshift stream keyed by
     /// `seed` (operands for benchmarks and the autotune's timings).
-    pub fn random(&self, len: usize, seed: u64) -> Result<CudaSlice<f32>> {
+    pub fn random(&self, len: usize, seed: u64) -> Result<DevBuf> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let v: Vec<f32> = (0..len)
             .map(|_| {
@@ -1540,7 +1554,7 @@ impl CudaBackend {
     }
 
     /// A buffer filled with NaN, for tests that check every output is written.
-    pub fn poisoned(&self, len: usize) -> Result<CudaSlice<f32>> {
+    pub fn poisoned(&self, len: usize) -> Result<DevBuf> {
         self.upload(&vec![f32::NAN; len])
     }
 }

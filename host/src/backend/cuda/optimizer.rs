@@ -10,7 +10,7 @@
 //! 256 threads a block, each block striding over chunks.
 
 use super::graph::HYPER_OFFSET;
-use super::{CudaBackend, check_len, gpu_err, inplace_ptr, launch};
+use super::{CudaBackend, DevBuf, check_len, gpu_err, inplace_ptr, launch};
 use crate::backend::{SgdParams, SgdRule, SgdTensor};
 use anyhow::{Result, anyhow};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
@@ -51,7 +51,7 @@ pub(crate) fn table_image(tensors: &[[u64; 6]]) -> (Vec<u64>, usize) {
 pub(super) fn sgd_update_all(
     be: &CudaBackend,
     p: &SgdParams,
-    tensors: &mut [SgdTensor<'_, CudaSlice<f32>>],
+    tensors: &mut [SgdTensor<'_, DevBuf>],
     table: &mut SgdTable,
 ) -> Result<()> {
     if tensors.is_empty() {
@@ -64,7 +64,7 @@ pub(super) fn sgd_update_all(
         check_len(&format!("sgd_update_all tensor {i} momentum"), t.v, n)?;
         let g = t.g.device_ptr(&be.stream).0;
         let tf32_mode = be.precision == crate::config::Precision::Tf32;
-        let (half, tf32) = match t.copy.as_deref_mut() {
+        let (half, tf32) = match t.copy.as_mut().map(|h| &mut ***h) {
             Some(h) if tf32_mode && h.len() >= n => (0, inplace_ptr(be, h)),
             Some(h) => {
                 check_len(
