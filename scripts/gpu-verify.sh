@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# A build's checks on a GPU machine without Rust, in one call that fits the
+# device tool's 64 MiB carry: the whole `gpu_ops` (the given filters first),
+# memcheck on small shapes, `host bench` of AlexNet in TF32 and bf16 at
+# batch 128 and 256 (step times, device memory, the arena), the main job
+# for a few steps, and Fashion-MNIST trained in bf16 with its 10-view test.
+#   here:  bash scripts/gpu-verify.sh pack   (xz: gpu_ops, host, the dataset)
+#   there: DEADLINE=570 bash scripts/gpu-verify.sh run [gpu_ops filters...]
+#          with carry [".gpf"]; logs in $OUT/logs (and $OUT/logs.tgz).
+# Steps that would pass $DEADLINE s are skipped (and say so).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = pack ]; then
+  set -e
+  exes() { grep -o '"executable":"[^"]*"' | sed 's/"executable":"//; s/"$//'; }
+  gpu_ops=$(cargo test --release --no-run --test gpu_ops --message-format=json 2>/dev/null | exes | grep /gpu_ops-)
+  cargo build --release -p host
+  mkdir -p .gpf/bin .gpf/fm
+  for exe in "$gpu_ops" target/release/host; do
+    strip -o .gpf/bin/$(basename "$exe" | sed 's/-[0-9a-f]\{16\}$//') "$exe"
+  done
+  xz -9 -f -T0 .gpf/bin/*
+  src=/usr/share/datasets/fashion-mnist
+  for f in "$src"/*.gz; do
+    b=$(basename "$f" .gz)
+    [ -f .gpf/fm/$b.xz ] || zcat "$f" | xz -9e -T0 > .gpf/fm/$b.xz
+  done
+  du -ab .gpf | sort -n | tail -n 8
+  exit 0
+fi
+shift
+L=$OUT/logs; mkdir -p $L; t0=$(date +%s)
+python3 - <<'EOF'
+import lzma, pathlib, shutil
+for p in list(pathlib.Path(".gpf").rglob("*.xz")):
+    with lzma.open(p) as src, open(p.with_suffix(""), "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    p.unlink()
+EOF
+chmod +x .gpf/bin/*
+if NL=$(python3 -c 'import nvidia.nccl,os;print(os.path.join(list(nvidia.nccl.__path__)[0],"lib"))' 2>/dev/null); then
+  mkdir -p /tmp/nccl && ln -sf "$NL/libnccl.so.2" /tmp/nccl/libnccl.so
+  export LD_LIBRARY_PATH=/tmp/nccl:$NL:${LD_LIBRARY_PATH:-}
+fi
+pack() { (cd $OUT && tar czf logs.tgz logs); }
+r() { local n=$1 t=$2; shift 2
+  local left=$(( ${DEADLINE:-570} - ($(date +%s)-t0) )); [ $left -lt 20 ] && { echo "$n SKIPPED (time)" | tee -a $L/summary.log; return; }
+  [ $t -gt $left ] && t=$left
+  timeout $t "$@" > $L/$n.log 2>&1; echo "$n rc=$? $(( $(date +%s)-t0 ))s" | tee -a $L/summary.log; pack; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > $L/nvidia-smi.log 2>&1
+H=.gpf/bin/host
+# The first CUDA run of a build JIT-compiles its PTX (~40 s).
+r jit 120 $H bench configs/tiny.json --batch-size 2 --steps 1 --device cuda
+[ $# -gt 0 ] && r gpu_ops-first 200 .gpf/bin/gpu_ops "$@"
+r memcheck 120 env ALEXNET_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 1 .gpf/bin/gpu_ops arena_ train_steps
+for p in tf32 bf16; do
+  r bench-$p 60 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p --json $L/bench-$p.json
+done
+r main-job 60 $H train configs/alexnet.json --device cuda --max-steps 100 --out $L/runs --quiet
+sed "s#/usr/share/datasets/fashion-mnist#$PWD/.gpf/fm#" configs/fashion-mnist.json > /tmp/fashion.json
+r fashion-bf16 150 $H train /tmp/fashion.json --device cuda --precision bf16 --out /tmp/runs
+ck=$(ls /tmp/runs/fashion-mnist/checkpoints/*.safetensors 2>/dev/null | tail -n 1)
+[ -n "$ck" ] && r fashion-bf16-test 60 $H test "$ck" --device cuda
+cp /tmp/runs/fashion-mnist/metrics.jsonl $L/fashion-bf16-metrics.jsonl 2>/dev/null
+r gpu_ops 330 .gpf/bin/gpu_ops
+grep -h "gpu_ops:\|ERROR SUMMARY" $L/gpu_ops*.log $L/memcheck.log >> $L/summary.log
+grep -h "images/s\|arena" $L/bench-*.log >> $L/summary.log
+grep -h "ten views\|centre crop" $L/fashion-bf16-test.log >> $L/summary.log 2>/dev/null
+cat $L/summary.log; pack
