@@ -107,7 +107,26 @@ def step_time(cfg, batch, precision, steps, device):
     return {"precision": precision, "batch": batch, "median_step_ms": ms, "images_per_sec": batch / ms * 1e3}
 
 
-def conv_layer_times(cfg, batch, precision, steps, device):
+def kernels_of(fn):
+    """(name, device µs) of each kernel one call of `fn` launches, from
+    torch.profiler, after one untimed call."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    out = []
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            t = next((getattr(e, a) for a in ("device_time", "device_time_total", "cuda_time") if hasattr(e, a)), 0.0)
+            out.append((e.name, t))
+    return out
+
+
+def conv_layer_times(cfg, batch, precision, steps, device, kernels=False):
     """cuDNN's forward, data-gradient and weight-gradient time of every conv
     layer at its place in the network (the same calls autograd makes)."""
     torch.backends.cudnn.allow_tf32 = precision == "tf32"
@@ -131,7 +150,15 @@ def conv_layer_times(cfg, batch, precision, steps, device):
                 fwd = timed(lambda: torch.nn.functional.conv2d(xi, w, None, m.stride, m.padding, 1, m.groups), steps)
                 dgrad = timed(lambda: torch.ops.aten.convolution_backward(*args, [True, False, False]), steps)
                 wgrad = timed(lambda: torch.ops.aten.convolution_backward(*args, [False, True, False]), steps)
-                rows.append({"layer": name, "precision": precision, "batch": batch, "forward_ms": fwd, "data_grad_ms": dgrad, "weight_grad_ms": wgrad})
+                row = {"layer": name, "precision": precision, "batch": batch, "forward_ms": fwd, "data_grad_ms": dgrad, "weight_grad_ms": wgrad}
+                if kernels:
+                    products = {
+                        "forward": lambda: torch.nn.functional.conv2d(xi, w, None, m.stride, m.padding, 1, m.groups),
+                        "data_grad": lambda: torch.ops.aten.convolution_backward(*args, [True, False, False]),
+                        "weight_grad": lambda: torch.ops.aten.convolution_backward(*args, [False, True, False]),
+                    }
+                    row["kernels"] = {k: kernels_of(f) for k, f in products.items()}
+                rows.append(row)
             x = m(x)
     return rows
 
@@ -145,6 +172,7 @@ def main():
     p.add_argument("--check", help="load one of our checkpoints into the model and report")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--layers", action="store_true", help="also time every conv layer's forward, data and weight gradient in cuDNN")
+    p.add_argument("--kernels", action="store_true", help="with --layers: also list the kernels (name, µs) each of those products launches")
     a = p.parse_args()
     cfg = json.load(open(a.config))
     device = "cuda"
@@ -165,8 +193,11 @@ def main():
     if a.layers:
         for precision in a.precision:
             for b in a.batch_size:
-                for r in conv_layer_times(cfg, b, precision, a.steps, device):
+                for r in conv_layer_times(cfg, b, precision, a.steps, device, a.kernels):
                     print(f"{precision:>5} batch {b:>4} {r['layer']:>6}: fwd {r['forward_ms']:.3f} ms  data-grad {r['data_grad_ms']:.3f} ms  weight-grad {r['weight_grad_ms']:.3f} ms")
+                    for product, ks in r.get("kernels", {}).items():
+                        for name, us in ks:
+                            print(f"      {product:<11} {us:8.1f} us  {name}")
                     rows.append(r)
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)

@@ -3,11 +3,15 @@
 # device tool's 64 MiB carry: the whole `gpu_ops` (the given filters first),
 # memcheck on small shapes, `host bench` of AlexNet in TF32 and bf16 at
 # batch 128 and 256 (step times, device memory, the arena), the main job
-# for a few steps, and Fashion-MNIST trained in bf16 with its 10-view test.
-#   here:  bash scripts/gpu-verify.sh pack   (xz: gpu_ops, host, the dataset)
+# for a few steps, Fashion-MNIST trained in bf16 with its 10-view test, and
+# the kernels cuDNN picks per conv product (PyTorch's profiler).
+#   here:  bash scripts/gpu-verify.sh pack [BASE]  (xz: gpu_ops, host, the
+#          dataset; BASE, a `host` of an earlier build, is benched beside
+#          this one in the same call)
 #   there: DEADLINE=570 bash scripts/gpu-verify.sh run [gpu_ops filters...]
 #          with carry [".gpf"]; logs in $OUT/logs (and $OUT/logs.tgz).
-# Steps that would pass $DEADLINE s are skipped (and say so).
+# GPU_OPS_ALL=0 leaves out the whole gpu_ops run (~300 s). Steps that
+# would pass $DEADLINE s are skipped (and say so).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = pack ]; then
@@ -15,10 +19,12 @@ if [ "${1:-}" = pack ]; then
   exes() { grep -o '"executable":"[^"]*"' | sed 's/"executable":"//; s/"$//'; }
   gpu_ops=$(cargo test --release --no-run --test gpu_ops --message-format=json 2>/dev/null | exes | grep /gpu_ops-)
   cargo build --release -p host
+  rm -rf .gpf/bin
   mkdir -p .gpf/bin .gpf/fm
   for exe in "$gpu_ops" target/release/host; do
     strip -o .gpf/bin/$(basename "$exe" | sed 's/-[0-9a-f]\{16\}$//') "$exe"
   done
+  [ -n "${2:-}" ] && strip -o .gpf/bin/host-base "$2"
   xz -9 -f -T0 .gpf/bin/*
   src=/usr/share/datasets/fashion-mnist
   for f in "$src"/*.gz; do
@@ -52,18 +58,27 @@ H=.gpf/bin/host
 # The first CUDA run of a build JIT-compiles its PTX (~40 s).
 r jit 120 $H bench configs/tiny.json --batch-size 2 --steps 1 --device cuda
 [ $# -gt 0 ] && r gpu_ops-first 200 .gpf/bin/gpu_ops "$@"
-r memcheck 120 env ALEXNET_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 1 .gpf/bin/gpu_ops arena_ train_steps
+# ALEXNET_ARENA=0: every buffer its own allocation, whose bounds memcheck knows.
+r memcheck 120 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool memcheck --error-exitcode 1 .gpf/bin/gpu_ops arena_ train_steps
+[ -x .gpf/bin/host-base ] && r jit-base 120 .gpf/bin/host-base bench configs/tiny.json --batch-size 2 --steps 1 --device cuda
 for p in tf32 bf16; do
   r bench-$p 60 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p --json $L/bench-$p.json
+  if [ -x .gpf/bin/host-base ]; then
+    r bench-$p-base 60 .gpf/bin/host-base bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
+    r bench-$p-again 60 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
+  fi
 done
-r main-job 60 $H train configs/alexnet.json --device cuda --max-steps 100 --out $L/runs --quiet
+r main-job 60 $H train configs/alexnet.json --device cuda --max-steps 100 --out /tmp/runs-main --quiet
 sed "s#/usr/share/datasets/fashion-mnist#$PWD/.gpf/fm#" configs/fashion-mnist.json > /tmp/fashion.json
 r fashion-bf16 150 $H train /tmp/fashion.json --device cuda --precision bf16 --out /tmp/runs
-ck=$(ls /tmp/runs/fashion-mnist/checkpoints/*.safetensors 2>/dev/null | tail -n 1)
+ck=$(ls /tmp/runs/*/checkpoints/*.safetensors 2>/dev/null | sort | tail -n 1)
 [ -n "$ck" ] && r fashion-bf16-test 60 $H test "$ck" --device cuda
-cp /tmp/runs/fashion-mnist/metrics.jsonl $L/fashion-bf16-metrics.jsonl 2>/dev/null
-r gpu_ops 330 .gpf/bin/gpu_ops
+cp /tmp/runs/*/metrics.jsonl $L/fashion-bf16-metrics.jsonl 2>/dev/null
+if python3 -c 'import torch' 2>/dev/null; then
+  r cudnn-kernels 120 python3 benches/pytorch_reference.py --batch-size 128 --precision tf32 bf16 --layers --kernels --steps 10
+fi
+[ "${GPU_OPS_ALL:-1}" = 1 ] && r gpu_ops 330 .gpf/bin/gpu_ops
 grep -h "gpu_ops:\|ERROR SUMMARY" $L/gpu_ops*.log $L/memcheck.log >> $L/summary.log
-grep -h "images/s\|arena" $L/bench-*.log >> $L/summary.log
+grep -H "images/s\|arena" $L/bench-*.log | sed 's#.*/##' >> $L/summary.log
 grep -h "ten views\|centre crop" $L/fashion-bf16-test.log >> $L/summary.log 2>/dev/null
 cat $L/summary.log; pack

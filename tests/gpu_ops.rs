@@ -2301,7 +2301,11 @@ fn arena_parts(c: &mut Ctx) -> Result<()> {
         ArenaBuf { len: m, live: 0..4 },
         ArenaBuf { len: span, live: 4..5 },
     ]);
-    let mut bufs = c.gpu.arena(&plan)?;
+    let arena_on = c.gpu.arena_enabled();
+    c.gpu.set_arena(true);
+    let bufs = c.gpu.arena(&plan);
+    c.gpu.set_arena(arena_on);
+    let mut bufs = bufs?;
     c.check_true(
         test,
         "planned: 0 and 1 share, 2 after them, 3 over all",

@@ -310,6 +310,11 @@ pub struct CudaBackend {
     /// for comparison).
     upload_overlap: bool,
     pinned_uploads: bool,
+    /// Whether a model's buffers are ranges of one arena (else each is an
+    /// allocation of its own, which gradients then do not share:
+    /// `ALEXNET_ARENA=0`, so that compute-sanitizer sees every buffer's
+    /// bounds).
+    arena: bool,
     gemm_tiles: GemmTiles,
     /// Whether TF32/bf16 products whose shapes allow it run on the vector
     /// engine (16-byte copies; channels-last convolutions, see `conv.rs`);
@@ -517,6 +522,7 @@ impl CudaBackend {
             upload_stream,
             upload_overlap: std::env::var("ALEXNET_UPLOAD_STREAM").map_or(true, |v| v != "0"),
             pinned_uploads: std::env::var("ALEXNET_PINNED_UPLOADS").map_or(true, |v| v != "0"),
+            arena: std::env::var("ALEXNET_ARENA").map_or(true, |v| v != "0"),
             gemm_tiles: match std::env::var("ALEXNET_GEMM_TILES").as_deref() {
                 Ok("64") => GemmTiles::Narrow,
                 Ok("128") => GemmTiles::Wide,
@@ -657,6 +663,16 @@ impl CudaBackend {
         self.precision = p;
         self.settings_changed();
         Ok(())
+    }
+
+    /// Whether [`Backend::arena`] makes one allocation (default) or one per
+    /// buffer (`ALEXNET_ARENA=0`).
+    pub fn set_arena(&mut self, on: bool) {
+        self.arena = on;
+    }
+
+    pub fn arena_enabled(&self) -> bool {
+        self.arena
     }
 
     /// Stages large writes through pinned host memory with asynchronous
@@ -1083,6 +1099,9 @@ impl Backend for CudaBackend {
             .map_err(|e| self.alloc_error("a buffer", len * 4, e))
     }
     fn arena(&self, plan: &crate::arena::ArenaPlan) -> Result<Vec<DevBuf>> {
+        if !self.arena {
+            return plan.lens.iter().map(|&len| self.zeros(len)).collect();
+        }
         let whole = self
             .stream
             .alloc_zeros::<f32>(plan.total.max(1))
