@@ -10,7 +10,8 @@
 #          this one in the same call)
 #   there: DEADLINE=570 bash scripts/gpu-verify.sh run [gpu_ops filters...]
 #          with carry [".gpf"]; logs in $OUT/logs (and $OUT/logs.tgz).
-# GPU_OPS_ALL=0 leaves out the whole gpu_ops run (~300 s). Steps that
+# GPU_OPS_ALL=0 leaves out the whole gpu_ops run (~300 s), CUDNN_KERNELS=0
+# the kernel listing. Steps that
 # would pass $DEADLINE s are skipped (and say so).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -68,13 +69,15 @@ for p in tf32 bf16; do
     r bench-$p-again 60 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   fi
 done
-r main-job 60 $H train configs/alexnet.json --device cuda --max-steps 100 --out /tmp/runs-main --quiet
+# Two epochs: the synthetic set is made in the first, kept for the second.
+r main-job 90 $H train configs/alexnet.json --device cuda --precision bf16 --epochs 2 --out /tmp/runs-main --quiet
+cp /tmp/runs-main/*/metrics.jsonl $L/main-job-metrics.jsonl 2>/dev/null
 sed "s#/usr/share/datasets/fashion-mnist#$PWD/.gpf/fm#" configs/fashion-mnist.json > /tmp/fashion.json
 r fashion-bf16 150 $H train /tmp/fashion.json --device cuda --precision bf16 --out /tmp/runs
 ck=$(ls /tmp/runs/*/checkpoints/*.safetensors 2>/dev/null | sort | tail -n 1)
 [ -n "$ck" ] && r fashion-bf16-test 60 $H test "$ck" --device cuda
 cp /tmp/runs/*/metrics.jsonl $L/fashion-bf16-metrics.jsonl 2>/dev/null
-if python3 -c 'import torch' 2>/dev/null; then
+if [ "${CUDNN_KERNELS:-1}" = 1 ] && python3 -c 'import torch' 2>/dev/null; then
   r cudnn-kernels 120 python3 benches/pytorch_reference.py --batch-size 128 --precision tf32 bf16 --layers --kernels --steps 10
 fi
 [ "${GPU_OPS_ALL:-1}" = 1 ] && r gpu_ops 330 .gpf/bin/gpu_ops

@@ -2299,7 +2299,10 @@ fn arena_parts(c: &mut Ctx) -> Result<()> {
         ArenaBuf { len: n, live: 0..2 },
         ArenaBuf { len: n, live: 2..4 },
         ArenaBuf { len: m, live: 0..4 },
-        ArenaBuf { len: span, live: 4..5 },
+        ArenaBuf {
+            len: span,
+            live: 4..5,
+        },
     ]);
     let arena_on = c.gpu.arena_enabled();
     c.gpu.set_arena(true);
@@ -2352,7 +2355,11 @@ fn arena_sharing(c: &mut Ctx) -> Result<()> {
             s.total as f64 * 4.0 / (1 << 20) as f64,
             a.total as f64 * 4.0 / (1 << 20) as f64
         );
-        c.check_true(test, &format!("{case} sharing saves bytes"), s.total < a.total);
+        c.check_true(
+            test,
+            &format!("{case} sharing saves bytes"),
+            s.total < a.total,
+        );
         let sgd = SgdParams {
             lr: 0.02,
             momentum: 0.9,
@@ -2368,14 +2375,26 @@ fn arena_sharing(c: &mut Ctx) -> Result<()> {
             }
             let (want, _) = apart.read_metrics(&c.gpu)?;
             let (got, _) = shared.read_metrics(&c.gpu)?;
-            c.check(test, &format!("{case} step {step} losses"), &got, &want, 0.0);
+            c.check(
+                test,
+                &format!("{case} step {step} losses"),
+                &got,
+                &want,
+                0.0,
+            );
         }
         for momentum in [false, true] {
             let want = apart.download_params(&c.gpu, momentum)?;
             let got = shared.download_params(&c.gpu, momentum)?;
             let what = if momentum { "momentum" } else { "weights" };
             for (w, g) in want.iter().zip(&got) {
-                c.check(test, &format!("{case} {} {what}", w.name), &g.data, &w.data, 0.0);
+                c.check(
+                    test,
+                    &format!("{case} {} {what}", w.name),
+                    &g.data,
+                    &w.data,
+                    0.0,
+                );
             }
         }
     }

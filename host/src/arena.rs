@@ -127,7 +127,11 @@ mod tests {
         // Each gradient is live from its consumer's backward (written) to its
         // producer's backward (read): neighbours meet, others do not.
         let lens = [500, 300, 800, 200, 100];
-        let bufs: Vec<_> = lens.iter().enumerate().map(|(i, &l)| buf(l, i..i + 2)).collect();
+        let bufs: Vec<_> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| buf(l, i..i + 2))
+            .collect();
         let plan = ArenaPlan::new(&bufs);
         check(&bufs, &plan);
         // The largest (800, at 2) meets 300 and 200; 500 and 100 can share

@@ -226,11 +226,7 @@ impl Reducer<CudaBackend> for NcclReducer {
         self.comm.world_size()
     }
 
-    fn broadcast(
-        &mut self,
-        be: &CudaBackend,
-        bufs: &mut [&mut DevBuf],
-    ) -> Result<()> {
+    fn broadcast(&mut self, be: &CudaBackend, bufs: &mut [&mut DevBuf]) -> Result<()> {
         self.after_compute(be)?;
         self.group("ncclBroadcast", bufs, |c, b| {
             c.broadcast_in_place(b, 0).map(drop)
@@ -239,11 +235,7 @@ impl Reducer<CudaBackend> for NcclReducer {
         self.finish(be)
     }
 
-    fn start_mean(
-        &mut self,
-        be: &CudaBackend,
-        grads: &mut [&mut DevBuf],
-    ) -> Result<()> {
+    fn start_mean(&mut self, be: &CudaBackend, grads: &mut [&mut DevBuf]) -> Result<()> {
         self.after_compute(be)?;
         self.group("ncclAllReduce (average)", grads, |c, b| {
             c.all_reduce_in_place(b, &ReduceOp::Avg).map(drop)
@@ -252,11 +244,7 @@ impl Reducer<CudaBackend> for NcclReducer {
         Ok(())
     }
 
-    fn start_sum(
-        &mut self,
-        be: &CudaBackend,
-        grads: &mut [&mut DevBuf],
-    ) -> Result<()> {
+    fn start_sum(&mut self, be: &CudaBackend, grads: &mut [&mut DevBuf]) -> Result<()> {
         self.after_compute(be)?;
         self.group("ncclAllReduce (sum)", grads, |c, b| {
             c.all_reduce_in_place(b, &ReduceOp::Sum).map(drop)

@@ -6,7 +6,9 @@ use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut, Range};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys};
+use cudarc::driver::{
+    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys,
+};
 
 pub struct DevBuf {
     slice: ManuallyDrop<CudaSlice<f32>>,

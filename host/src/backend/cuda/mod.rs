@@ -1187,12 +1187,7 @@ impl Backend for CudaBackend {
     fn len(&self, buf: &DevBuf) -> usize {
         buf.len()
     }
-    fn copy_block(
-        &self,
-        b: &BlockCopy,
-        src: &DevBuf,
-        dst: &mut DevBuf,
-    ) -> Result<()> {
+    fn copy_block(&self, b: &BlockCopy, src: &DevBuf, dst: &mut DevBuf) -> Result<()> {
         copy::copy_block(self, b, src, dst)
     }
     fn time_ms(
@@ -1309,7 +1304,18 @@ impl Backend for CudaBackend {
         dx: Option<&mut Self::Buf>,
         relu: bool,
     ) -> Result<()> {
-        conv::conv_backward(self, g, x, Some(kept), dy, w, dw, db, dx.map(|d| &mut **d), relu)
+        conv::conv_backward(
+            self,
+            g,
+            x,
+            Some(kept),
+            dy,
+            w,
+            dw,
+            db,
+            dx.map(|d| &mut **d),
+            relu,
+        )
     }
     fn fc_forward(
         &self,
