@@ -2329,11 +2329,11 @@ fn arena_parts(c: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// The model's arena with gradients sharing bytes (`Model::new`) against
-/// every gradient apart (`Model::new_apart`): the same training steps must
+/// The model's arena with buffers sharing bytes (`Model::new`) against
+/// every buffer apart (`Model::new_apart`): the same training steps must
 /// give bit-identical losses, weights and momentum (tolerance 0), since the
-/// same kernels run on the same values; a gradient written over one still
-/// needed would show. AlexNet (fused LRN+pool, ReLUs in the conv epilogues)
+/// same kernels run on the same values; a buffer written over one still
+/// needed (a read the memory plan missed) would show. AlexNet (fused LRN+pool, ReLUs in the conv epilogues)
 /// at batch 8 in TF32 and bf16, and `configs/tiny.json` in fp32.
 fn arena_sharing(c: &mut Ctx) -> Result<()> {
     let tiny = host::config::Config::from_str(include_str!("../configs/tiny.json"), "tiny.json")?;

@@ -268,8 +268,9 @@ impl<B: Backend> Model<B> {
         Self::from_spec(be, spec, batch, seed, true)
     }
 
-    /// As [`Model::new`], with every gradient in bytes of its own (the
-    /// arena's sharing off): what the shared arena is checked against.
+    /// As [`Model::new`], with every buffer in bytes of its own for the
+    /// whole step (the arena's sharing off): what the shared arena is
+    /// checked against.
     pub fn new_apart(be: &B, spec: &ModelSpec, batch: usize, seed: u64) -> Result<Self> {
         Self::from_spec(be, spec, batch, seed, false)
     }
@@ -456,8 +457,8 @@ impl<B: Backend> Model<B> {
     }
 
     /// Where the activations, gradients and kept buffers lie in the
-    /// model's arena: activations and kept buffers apart, gradients sharing
-    /// bytes where their lifetimes in the backward pass do not meet.
+    /// model's arena: buffers share bytes where their lifetimes in the step
+    /// do not meet (see `memory_plan`).
     pub fn arena(&self) -> &ArenaPlan {
         &self.arena
     }
