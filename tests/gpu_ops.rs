@@ -2169,6 +2169,56 @@ fn train_steps(c: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
+/// Checks that two GPU models' weights and momentum buffers are
+/// bit-identical (tolerance 0), one comparison per tensor.
+fn same_params(
+    c: &mut Ctx,
+    test: &str,
+    case: &str,
+    want: &Model<CudaBackend>,
+    got: &Model<CudaBackend>,
+) -> Result<()> {
+    for momentum in [false, true] {
+        let what = if momentum { "momentum" } else { "weights" };
+        let (w, g) = (
+            want.download_params(&c.gpu, momentum)?,
+            got.download_params(&c.gpu, momentum)?,
+        );
+        for (w, g) in w.iter().zip(&g) {
+            c.check(
+                test,
+                &format!("{case} {} {what}", w.name),
+                &g.data,
+                &w.data,
+                0.0,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Checks that two GPU models' last per-sample losses are bit-identical.
+fn same_losses(
+    c: &mut Ctx,
+    test: &str,
+    case: &str,
+    want: &Model<CudaBackend>,
+    got: &Model<CudaBackend>,
+) -> Result<()> {
+    let (w, _) = want.read_metrics(&c.gpu)?;
+    let (g, _) = got.read_metrics(&c.gpu)?;
+    c.check(test, &format!("{case} losses"), &g, &w, 0.0);
+    Ok(())
+}
+
+/// `configs/tiny.json` and `configs/alexnet.json`, as the binary embeds them.
+fn tiny_and_alexnet() -> Result<(host::config::Config, host::config::Config)> {
+    let tiny = host::config::Config::from_str(include_str!("../configs/tiny.json"), "tiny.json")?;
+    let alexnet =
+        host::config::Config::from_str(include_str!("../configs/alexnet.json"), "alexnet.json")?;
+    Ok((tiny, alexnet))
+}
+
 /// The training step captured as a CUDA graph and replayed
 /// (`host::step_graph::StepRunner`) against the same steps run eagerly:
 /// two GPU models from one initialisation, the same random batches, dropout
@@ -2182,9 +2232,7 @@ fn train_steps(c: &mut Ctx) -> Result<()> {
 /// rule in one of them.
 fn train_steps_graph(c: &mut Ctx) -> Result<()> {
     use host::step_graph::StepRunner;
-    let tiny = host::config::Config::from_str(include_str!("../configs/tiny.json"), "tiny.json")?;
-    let alexnet =
-        host::config::Config::from_str(include_str!("../configs/alexnet.json"), "alexnet.json")?;
+    let (tiny, alexnet) = tiny_and_alexnet()?;
     // The last field: TF32 fc products on rounded operand copies, the SGD
     // update refreshing the weights' copies between replays.
     let cases = keep(vec![
@@ -2243,15 +2291,7 @@ fn train_steps_graph(c: &mut Ctx) -> Result<()> {
             eager.train_step(&c.gpu, dropout, &sgd)?;
             graphed.set_batch(&c.gpu, &x, &y)?;
             runner.step(&c.gpu, &mut graphed, dropout, &sgd)?;
-            let (want, _) = eager.read_metrics(&c.gpu)?;
-            let (got, _) = graphed.read_metrics(&c.gpu)?;
-            c.check(
-                test,
-                &format!("{case} step {step} losses"),
-                &got,
-                &want,
-                0.0,
-            );
+            same_losses(c, test, &format!("{case} step {step}"), &eager, &graphed)?;
         }
         let s = runner.stats();
         println!("    runner: {}", runner.describe());
@@ -2266,20 +2306,7 @@ fn train_steps_graph(c: &mut Ctx) -> Result<()> {
             ),
             runner.uses_graph() && s.eager == 2 && s.captures == 2 && s.replays == STEPS - 2,
         );
-        for momentum in [false, true] {
-            let want = eager.download_params(&c.gpu, momentum)?;
-            let got = graphed.download_params(&c.gpu, momentum)?;
-            for (w, g) in want.iter().zip(&got) {
-                let what = if momentum { "momentum" } else { "weights" };
-                c.check(
-                    test,
-                    &format!("{case} {} {what}", w.name),
-                    &g.data,
-                    &w.data,
-                    0.0,
-                );
-            }
-        }
+        same_params(c, test, case, &eager, &graphed)?;
     }
     c.gpu.set_tf32_copies(tf32_copies);
     c.gpu.set_precision(Precision::Fp32)?;
@@ -2333,12 +2360,11 @@ fn arena_parts(c: &mut Ctx) -> Result<()> {
 /// every buffer apart (`Model::new_apart`): the same training steps must
 /// give bit-identical losses, weights and momentum (tolerance 0), since the
 /// same kernels run on the same values; a buffer written over one still
-/// needed (a read the memory plan missed) would show. AlexNet (fused LRN+pool, ReLUs in the conv epilogues)
-/// at batch 8 in TF32 and bf16, and `configs/tiny.json` in fp32.
+/// needed (a read the memory plan missed) would show. AlexNet (fused
+/// LRN+pool, ReLUs in the conv epilogues) at batch 8 in TF32 and bf16, and
+/// `configs/tiny.json` in fp32.
 fn arena_sharing(c: &mut Ctx) -> Result<()> {
-    let tiny = host::config::Config::from_str(include_str!("../configs/tiny.json"), "tiny.json")?;
-    let alexnet =
-        host::config::Config::from_str(include_str!("../configs/alexnet.json"), "alexnet.json")?;
+    let (tiny, alexnet) = tiny_and_alexnet()?;
     let cases = keep(vec![
         ("tiny b6 fp32", (&tiny, 6, Precision::Fp32)),
         ("alexnet b8 tf32", (&alexnet, 8, Precision::Tf32)),
@@ -2373,30 +2399,9 @@ fn arena_sharing(c: &mut Ctx) -> Result<()> {
                 m.set_batch(&c.gpu, &x, &y)?;
                 m.train_step(&c.gpu, (9, step), &sgd)?;
             }
-            let (want, _) = apart.read_metrics(&c.gpu)?;
-            let (got, _) = shared.read_metrics(&c.gpu)?;
-            c.check(
-                test,
-                &format!("{case} step {step} losses"),
-                &got,
-                &want,
-                0.0,
-            );
+            same_losses(c, test, &format!("{case} step {step}"), &apart, &shared)?;
         }
-        for momentum in [false, true] {
-            let want = apart.download_params(&c.gpu, momentum)?;
-            let got = shared.download_params(&c.gpu, momentum)?;
-            let what = if momentum { "momentum" } else { "weights" };
-            for (w, g) in want.iter().zip(&got) {
-                c.check(
-                    test,
-                    &format!("{case} {} {what}", w.name),
-                    &g.data,
-                    &w.data,
-                    0.0,
-                );
-            }
-        }
+        same_params(c, test, case, &apart, &shared)?;
     }
     c.gpu.set_precision(Precision::Fp32)?;
     Ok(())
