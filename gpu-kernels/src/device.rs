@@ -540,6 +540,15 @@ pub fn wg_desc(addr: u32, lbo: u32, sbo: u32) -> u64 {
     ((addr as u64 & 0x3_ffff) >> 4) | (((lbo >> 4) as u64) << 16) | (((sbo >> 4) as u64) << 32)
 }
 
+/// A `wgmma` shared-memory matrix descriptor for a K-major tile in the
+/// 128-byte swizzle: rows of 128 bytes, 8-row atoms 1024 bytes apart (the
+/// stride field), the atoms 1024-byte aligned; `addr` may sit 32·s bytes
+/// into a row to start at k-step s.
+#[inline(always)]
+pub fn wg_desc_sw128(addr: u32) -> u64 {
+    ((addr as u64 & 0x3_ffff) >> 4) | (1u64 << 16) | ((1024u64 >> 4) << 32) | (1u64 << 62)
+}
+
 /// `wgmma.fence`: orders this warp's earlier register and shared-memory
 /// accesses before the warpgroup's next `wgmma`s.
 #[inline(always)]

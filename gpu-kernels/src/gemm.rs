@@ -44,7 +44,7 @@
 use crate::device::{
     bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
     fence_proxy_async_shared, ld_shared, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
-    shared_addr, st_v2, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
+    shared_addr, st_v2, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wg_desc_sw128, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
     wgmma_wait,
 };
 use core::arch::asm;
@@ -1218,8 +1218,10 @@ const WG_SBO: u32 = 512;
 /// step, asynchronously: the copies of tile t + 2 are issued while those of
 /// t run, and a stage is refilled only after every warp has waited for the
 /// `wgmma`s that read it (the barrier of the tile after next).
-/// [`wstages`] stages of [`wg_offset`]-laid tiles. Accumulators: rows
-/// `64h + 16w + …` of warp w in `acc[h]` (see [`wgmma`]).
+/// [`wstages`] stages of [`wg_offset`]-laid tiles ([`wg_products`]);
+/// 128×128 tiles instead take 128 bytes of k per row in 128-byte-swizzled
+/// stages ([`wg_products_sw`]). Accumulators: rows `64h + 16w + …` of warp
+/// w in `acc[h]` (see [`wgmma`]).
 #[inline(always)]
 pub unsafe fn gemm_tile_wg<A: VecOperand, B: VecOperand, E: Epilogue, const T: u8, const HALF: bool>(
     a: &A,
@@ -1233,6 +1235,187 @@ pub unsafe fn gemm_tile_wg<A: VecOperand, B: VecOperand, E: Epilogue, const T: u
     if !A::K_MAJOR || !B::K_MAJOR || T == VSLIM {
         unsafe { core::arch::nvptx::trap() };
     }
+    let (acc0, acc1) = if T == VBIG {
+        unsafe { wg_products_sw::<A, B, HALF>(a, b, m_total, n_total, k_begin, k_end) }
+    } else {
+        unsafe { wg_products::<A, B, T, HALF>(a, b, m_total, n_total, k_begin, k_end) }
+    };
+    let tid = tid_x();
+    let m0 = bid_y() * vbm(T);
+    let n0 = bid_x() * vbn(T);
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, tq) = (lane / 4, lane % 4);
+    let store = |h: u32, acc: &[f32; 64], i: usize, v: usize| {
+        let m = m0 + 64 * h + 16 * warp + g + 8 * (v as u32 / 2);
+        let n = n0 + 8 * i as u32 + 2 * tq + v as u32 % 2;
+        if m < m_total && n < n_total {
+            unsafe { e.store(m, n, acc[4 * i + v]) };
+        }
+    };
+    let store_half = |h: u32, acc: &[f32; 64]| {
+        unrolled::<16>(|i| {
+            if i < (vbn(T) / 8) as usize {
+                store(h, acc, i, 0);
+                store(h, acc, i, 1);
+                store(h, acc, i, 2);
+                store(h, acc, i, 3);
+            }
+        })
+    };
+    store_half(0, &acc0);
+    if vbm(T) == 128 {
+        store_half(1, &acc1);
+    }
+}
+
+/// Bytes of k per row in a tile of the swizzled warpgroup pipeline: one
+/// 128-byte line (32 TF32 or 64 bf16 k), so the 8 threads copying a row
+/// ask L2 for whole lines.
+const WS_ROW: u32 = 128;
+/// Stages of the swizzled pipeline (copies two tiles ahead).
+const WS_STAGES: u32 = 4;
+/// Dynamic shared memory of the 128×128 warpgroup kernels (`_wg_big`):
+/// [`WS_STAGES`] stages of (128 + 128) rows × [`WS_ROW`] bytes, plus 1 KiB
+/// to align the stages to the 1024-byte swizzle pattern.
+pub const fn wshared_bytes_sw() -> u32 {
+    WS_STAGES * 256 * WS_ROW + 1024
+}
+
+/// Copies of one half (64 rows) of a swizzled warpgroup tile: the thread's
+/// rows `16j` (j < 4) below its first at shared address `at` (A) and `at +
+/// b_off` (B), from cursors `ca`, `cb`; only rows below `am` (A) and `bn`
+/// (B) are read, the rest zero-filled.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn ws_copy<A: VecOperand, B: VecOperand>(
+    a: &A,
+    b: &B,
+    ca: &A::Cursor,
+    cb: &B::Cursor,
+    at: u32,
+    b_off: u32,
+    am: u32,
+    bn: u32,
+) {
+    unrolled::<4>(|j| {
+        let (row, at) = (16 * j as u32, at + 16 * j as u32 * WS_ROW);
+        let src = if row < am { a.src(ca, j) } else { None };
+        unsafe { cp_async_v4(at, src, a.base(), A::L1) };
+        let src = if row < bn { b.src(cb, j) } else { None };
+        unsafe { cp_async_v4(at + b_off, src, b.base(), B::L1) };
+    });
+}
+
+/// The products of [`gemm_tile_wg`] for 128×128 tiles on 128-byte-swizzled
+/// stages: row `r` of a tile at `r·128`, its 16-byte chunk `q` at
+/// `16·(q ⊕ r mod 8)` (`wgmma`'s 128-byte swizzle, 1024-byte atoms of 8
+/// rows). Thread t copies chunk `t mod 8` of rows `t/8 + 16j` (j < 8,
+/// two cursors of four slots per operand), so each quarter-warp reads one
+/// whole line and writes it across all banks; four `wgmma` k-steps of 32
+/// bytes per tile, the descriptor's start moved along the row.
+#[inline(always)]
+unsafe fn wg_products_sw<A: VecOperand, B: VecOperand, const HALF: bool>(
+    a: &A,
+    b: &B,
+    m_total: u32,
+    n_total: u32,
+    k_begin: u32,
+    k_end: u32,
+) -> ([f32; 64], [f32; 64]) {
+    let tid = tid_x();
+    let m0 = bid_y() * 128;
+    let n0 = bid_x() * 128;
+    let smem = (shared_addr(shared::<f32>()) + 1023) & !1023;
+    let stage_bytes = 256 * WS_ROW;
+    let b_off = 128 * WS_ROW;
+    let bk = 2 * vbk(HALF);
+    let (q, r) = (tid % 8, tid / 8);
+    let dst = r * WS_ROW + 16 * (q ^ (r % 8));
+    let kq = vlen(HALF) * q;
+    let (mut ca0, mut ca1) = (
+        a.open(k_begin + kq, m0 + r, 0, 16),
+        a.open(k_begin + kq, m0 + r + 64, 0, 16),
+    );
+    let (mut cb0, mut cb1) = (
+        b.open(k_begin + kq, n0 + r, 0, 16),
+        b.open(k_begin + kq, n0 + r + 64, 0, 16),
+    );
+    // A macro, not a closure: ptxas got the closure as a call with its
+    // captures in local memory (the data gradients' cursors).
+    macro_rules! issue {
+        ($stage:expr, $k0:expr) => {{
+            let (stage, k0): (u32, u32) = ($stage, $k0);
+            let at = smem + stage * stage_bytes + dst;
+            // Rows past the operands' ends (and k past `k_end`) are zeros.
+            let (am, bn) = if k0 + kq < k_end {
+                (m_total.saturating_sub(m0 + r), n_total.saturating_sub(n0 + r))
+            } else {
+                (0, 0)
+            };
+            unsafe { ws_copy(a, b, &ca0, &cb0, at, b_off, am, bn) };
+            let (am1, bn1) = (am.saturating_sub(64), bn.saturating_sub(64));
+            unsafe { ws_copy(a, b, &ca1, &cb1, at + 64 * WS_ROW, b_off, am1, bn1) };
+            for _ in 0..2 {
+                a.step(&mut ca0);
+                a.step(&mut ca1);
+                b.step(&mut cb0);
+                b.step(&mut cb1);
+            }
+        }};
+    }
+
+    let tiles = if k_end > k_begin {
+        (k_end - k_begin).div_ceil(bk)
+    } else {
+        0
+    };
+    for t in 0..WS_STAGES - 2 {
+        if t < tiles {
+            issue!(t, k_begin + t * bk);
+        }
+        cp_async_commit();
+    }
+    let (mut acc0, mut acc1) = ([0.0f32; 64], [0.0f32; 64]);
+    for t in 0..tiles {
+        // As in `wg_products`: tile t is in, tile t − 2's stage is free.
+        cp_async_wait::<1>();
+        fence_proxy_async_shared();
+        sync_threads();
+        let ahead = t + WS_STAGES - 2;
+        if ahead < tiles {
+            issue!(ahead % WS_STAGES, k_begin + ahead * bk);
+        }
+        cp_async_commit();
+
+        let a_s = smem + (t % WS_STAGES) * stage_bytes;
+        let b_s = a_s + b_off;
+        wgmma_fence();
+        for s in 0..4u32 {
+            let db = wg_desc_sw128(b_s + 32 * s);
+            unsafe { wgmma::<HALF, 128>(&mut acc0, wg_desc_sw128(a_s + 32 * s), db) };
+            unsafe { wgmma::<HALF, 128>(&mut acc1, wg_desc_sw128(a_s + 64 * WS_ROW + 32 * s), db) };
+        }
+        wgmma_commit();
+        wgmma_wait::<1>();
+    }
+    wgmma_wait::<0>();
+    cp_async_wait::<0>();
+    wgmma_hold::<128>(&mut acc0);
+    wgmma_hold::<128>(&mut acc1);
+    (acc0, acc1)
+}
+
+/// The products of [`gemm_tile_wg`] (tiles of 64 bytes of k per row,
+/// [`wg_offset`]-laid): the accumulators of rows `0..64` and `64..128`.
+#[inline(always)]
+unsafe fn wg_products<A: VecOperand, B: VecOperand, const T: u8, const HALF: bool>(
+    a: &A,
+    b: &B,
+    m_total: u32,
+    n_total: u32,
+    k_begin: u32,
+    k_end: u32,
+) -> ([f32; 64], [f32; 64]) {
     let tid = tid_x();
     let m0 = bid_y() * vbm(T);
     let n0 = bid_x() * vbn(T);
@@ -1330,30 +1513,7 @@ pub unsafe fn gemm_tile_wg<A: VecOperand, B: VecOperand, E: Epilogue, const T: u
         wgmma_hold::<64>(&mut acc0);
         wgmma_hold::<64>(&mut acc1);
     }
-
-    let (warp, lane) = (tid / 32, tid % 32);
-    let (g, tq) = (lane / 4, lane % 4);
-    let store = |h: u32, acc: &[f32; 64], i: usize, v: usize| {
-        let m = m0 + 64 * h + 16 * warp + g + 8 * (v as u32 / 2);
-        let n = n0 + 8 * i as u32 + 2 * tq + v as u32 % 2;
-        if m < m_total && n < n_total {
-            unsafe { e.store(m, n, acc[4 * i + v]) };
-        }
-    };
-    let store_half = |h: u32, acc: &[f32; 64]| {
-        unrolled::<16>(|i| {
-            if i < (vbn(T) / 8) as usize {
-                store(h, acc, i, 0);
-                store(h, acc, i, 1);
-                store(h, acc, i, 2);
-                store(h, acc, i, 3);
-            }
-        })
-    };
-    store_half(0, &acc0);
-    if vbm(T) == 128 {
-        store_half(1, &acc1);
-    }
+    (acc0, acc1)
 }
 
 /// Tile coordinates of the vector engine's accumulator `acc[p][v]`: warp w

@@ -485,12 +485,12 @@ impl CudaBackend {
                 .load_function(name)
                 .with_context(|| format!("kernel {name} is missing from the PTX module"))?;
             if gemm::is_vec_kernel(name) {
+                let cfg = gemm::vec_cfg(LaunchConfig::for_num_elems(1), name);
                 f.set_attribute(
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    gemm::VEC_SHARED_MAX,
+                    gemm::VEC_SHARED_MAX.max(cfg.shared_mem_bytes as i32),
                 )
                 .map_err(|e| anyhow!("allowing {name} its shared memory failed: {e}"))?;
-                let cfg = gemm::vec_cfg(LaunchConfig::for_num_elems(1), name);
                 let blocks = f
                     .occupancy_max_active_blocks_per_multiprocessor(
                         cfg.block_dim.0,
