@@ -421,7 +421,8 @@ fn each_precision(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> R
 /// `host/src/backend/cuda/conv.rs` and `gemm.rs`).
 fn each_precision_engines(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<()>) -> Result<()> {
     let mut result = Ok(());
-    let (has_wg, was_wg) = (c.gpu.has_wgmma(), c.gpu.wgmma_enabled());
+    let has_wg = c.gpu.has_wgmma();
+    let (was_wg, was_big) = (c.gpu.wgmma_enabled(), c.gpu.wg_big_enabled());
     for (vec, wg) in [(true, true), (true, false), (false, false)] {
         if wg && !has_wg {
             continue;
@@ -439,6 +440,7 @@ fn each_precision_engines(c: &mut Ctx, test: fn(&mut Ctx, Precision) -> Result<(
     c.wg = false;
     c.gpu.set_vec_engine(true);
     c.gpu.set_wgmma(was_wg);
+    c.gpu.set_wg_big(was_big);
     result
 }
 

@@ -370,9 +370,12 @@ pub struct CudaBackend {
     /// engine's kernels (see `crate::PTX_SM90A`).
     has_wgmma: bool,
     /// Whether vector-engine products that have a warpgroup-engine twin
-    /// (`_wg`) use it (default where the module has them; tests turn it off
-    /// to cover the `mma.sync` kernels too).
+    /// (`_wg`) use it (`ALEXNET_WGMMA=1`; tests turn it on and off).
     wgmma: bool,
+    /// Whether 128×128 products take their warpgroup twin (`_wg_big`, the
+    /// swizzled 128-byte-row pipeline) even with `wgmma` off: on by default
+    /// on Hopper, `ALEXNET_WG_BIG=0` turns it off.
+    wg_big: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
     scratch: [Mutex<Option<CudaSlice<f32>>>; 5],
@@ -546,6 +549,7 @@ impl CudaBackend {
             tune_log: Default::default(),
             has_wgmma: hopper,
             wgmma: hopper && std::env::var("ALEXNET_WGMMA").is_ok_and(|v| v == "1"),
+            wg_big: hopper && std::env::var("ALEXNET_WG_BIG").map_or(true, |v| v != "0"),
             scratch: Default::default(),
             step_values,
             capturing: AtomicBool::new(false),
@@ -709,7 +713,7 @@ impl CudaBackend {
     /// precision and the shape (`fits`) allow it, the engine is on and that
     /// tile shape exists for it; its warpgroup-engine twin
     /// `{base}_{tf32|bf16}_wg{tile suffix}` instead where the Hopper module
-    /// has one.
+    /// has one and the engine is on (for 128×128 tiles by default).
     fn vec_kernel(&self, base: &str, fits: bool, tile: gemm::VecTile) -> Option<&'static str> {
         use crate::config::Precision;
         if !self.vec_engine || !fits {
@@ -721,8 +725,7 @@ impl CudaBackend {
             Precision::Bf16 => "bf16",
         };
         let name = format!("{base}_{p}{}", tile.suffix());
-        let wg = self
-            .wgmma
+        let wg = (self.wgmma || (self.wg_big && tile == gemm::VecTile::Big))
             .then(|| format!("{base}_{p}_wg{}", tile.suffix()));
         wg.iter()
             .chain([&name])
@@ -741,9 +744,23 @@ impl CudaBackend {
     }
 
     /// Turns the warpgroup engine on or off (where the GPU has it;
-    /// `ALEXNET_WGMMA=1` turns it on at start).
+    /// `ALEXNET_WGMMA=1` turns it on at start), its 128×128 kernels
+    /// included.
     pub fn set_wgmma(&mut self, on: bool) {
         self.wgmma = on && self.has_wgmma;
+        self.wg_big = self.wgmma;
+        self.settings_changed();
+    }
+
+    /// Whether 128×128 products take the warpgroup engine with `wgmma` off.
+    pub fn wg_big_enabled(&self) -> bool {
+        self.wg_big
+    }
+
+    /// Turns the warpgroup engine on or off for 128×128 products alone.
+    pub fn set_wg_big(&mut self, on: bool) {
+        self.wg_big = on && self.has_wgmma;
+        self.settings_changed();
     }
 
     /// Chooses the GEMM engine's tile height (see [`GemmTiles`]).
