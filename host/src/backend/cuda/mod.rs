@@ -372,9 +372,12 @@ pub struct CudaBackend {
     /// Whether vector-engine products that have a warpgroup-engine twin
     /// (`_wg`) use it (`ALEXNET_WGMMA=1`; tests turn it on and off).
     wgmma: bool,
-    /// Whether 128×128 products take their warpgroup twin (`_wg_big`, the
-    /// swizzled 128-byte-row pipeline) even with `wgmma` off: on by default
-    /// on Hopper, `ALEXNET_WG_BIG=0` turns it off.
+    /// Whether the channels-last conv forwards in 128×128 tiles take their
+    /// warpgroup twin (`_wg_big`, the swizzled 128-byte-row pipeline) even
+    /// with `wgmma` off: on by default on Hopper, `ALEXNET_WG_BIG=0` turns
+    /// it off. (Measured faster for conv2, conv3 and conv5's forwards in
+    /// TF32 and bf16; slower for conv1's row-patch forward and for data
+    /// gradients at batch 256, which keep `mma.sync`.)
     wg_big: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
@@ -713,7 +716,8 @@ impl CudaBackend {
     /// precision and the shape (`fits`) allow it, the engine is on and that
     /// tile shape exists for it; its warpgroup-engine twin
     /// `{base}_{tf32|bf16}_wg{tile suffix}` instead where the Hopper module
-    /// has one and the engine is on (for 128×128 tiles by default).
+    /// has one and the engine is on (by default for the channels-last
+    /// forwards' 128×128 tiles, see `wg_big`).
     fn vec_kernel(&self, base: &str, fits: bool, tile: gemm::VecTile) -> Option<&'static str> {
         use crate::config::Precision;
         if !self.vec_engine || !fits {
@@ -725,7 +729,8 @@ impl CudaBackend {
             Precision::Bf16 => "bf16",
         };
         let name = format!("{base}_{p}{}", tile.suffix());
-        let wg = (self.wgmma || (self.wg_big && tile == gemm::VecTile::Big))
+        let big_forward = tile == gemm::VecTile::Big && base.starts_with("conv_forward_nhwc");
+        let wg = (self.wgmma || (self.wg_big && big_forward))
             .then(|| format!("{base}_{p}_wg{}", tile.suffix()));
         wg.iter()
             .chain([&name])
@@ -752,12 +757,14 @@ impl CudaBackend {
         self.settings_changed();
     }
 
-    /// Whether 128×128 products take the warpgroup engine with `wgmma` off.
+    /// Whether the channels-last conv forwards' 128×128 tiles take the
+    /// warpgroup engine with `wgmma` off.
     pub fn wg_big_enabled(&self) -> bool {
         self.wg_big
     }
 
-    /// Turns the warpgroup engine on or off for 128×128 products alone.
+    /// Turns the warpgroup engine on or off for the channels-last conv
+    /// forwards' 128×128 tiles alone.
     pub fn set_wg_big(&mut self, on: bool) {
         self.wg_big = on && self.has_wgmma;
         self.settings_changed();
