@@ -152,6 +152,7 @@ const TESTS: &[(&str, Test)] = &[
     ("conv_backward", conv_backward),
     ("conv_kept", conv_kept),
     ("conv_autotune", conv_autotune),
+    ("conv_wg_big", conv_wg_big),
     ("transpose", transpose),
     ("row_patches", row_patches),
     ("convert_bf16", convert_bf16),
@@ -812,6 +813,81 @@ struct ConvRef {
     y: Vec<f32>,
     dx: Vec<f32>,
     dw: Vec<f32>,
+}
+
+/// The channels-last forwards' 128×128 tiles on the swizzled warpgroup
+/// kernels (`_wg_big`, Hopper) and on `mma.sync`, at AlexNet's conv2, conv3
+/// and conv5 shapes (batch 8, where 128×128 tiles are a choice), TF32 and
+/// bf16: every autotune candidate with the warpgroup kernels on, and the
+/// `mma.sync` 128×128 kernel, must agree bit for bit — what lets the
+/// autotune pick between them by speed alone (`conv_autotune`'s small cases
+/// never offer 128×128 tiles). Off Hopper it says SKIPPED and checks
+/// nothing.
+fn conv_wg_big(c: &mut Ctx) -> Result<()> {
+    let test = "conv_wg_big";
+    if !c.gpu.has_wgmma() {
+        println!("  SKIPPED (no warpgroup engine: not a Hopper GPU)");
+        return Ok(());
+    }
+    let g = conv_geom;
+    let cases = keep(vec![
+        ("alexnet conv2 n8", g(8, 96, 27, 27, 256, 5, 1, 2, 2)),
+        ("alexnet conv3 n8", g(8, 256, 13, 13, 384, 3, 1, 1, 1)),
+        ("alexnet conv5 n8", g(8, 384, 13, 13, 256, 3, 1, 1, 2)),
+    ]);
+    let (big, wg_big) = (c.gpu.big_tiles(), c.gpu.wg_big_enabled());
+    c.gpu.set_big_tiles(Some(true));
+    let mut result = Ok(());
+    'all: for p in [Precision::Tf32, Precision::Bf16] {
+        c.gpu.set_precision(p)?;
+        for (case, g) in &cases {
+            let (x, w, b) = (
+                c.randn(g.x_len(), 1.0),
+                c.randn(g.w_len(), 0.1),
+                c.randn(g.c_out, 0.1),
+            );
+            let (x, w, b) = (c.gpu.upload(&x)?, c.gpu.upload(&w)?, c.gpu.upload(&b)?);
+            let mut outs: Vec<(String, Vec<f32>)> = Vec::new();
+            for on in [true, false] {
+                c.gpu.set_wg_big(on);
+                let gpu = &c.gpu;
+                let run = gpu.for_each_conv_candidate(g, "forward", |name| {
+                    let mut y = gpu.poisoned(g.y_len())?;
+                    gpu.conv_forward(g, &x, &w, &b, &mut y)?;
+                    if !outs.iter().any(|(n, _)| n == name) {
+                        outs.push((name.to_string(), gpu.download(&y)?));
+                    }
+                    Ok(())
+                });
+                if let Err(e) = run {
+                    result = Err(e);
+                    break 'all;
+                }
+            }
+            let names: Vec<&str> = outs.iter().map(|(n, _)| n.as_str()).collect();
+            println!("  {case} {p:?}: {}", names.join(", "));
+            c.check_true(
+                test,
+                &format!("{case} {p:?}: a _wg_big and an mma.sync _big candidate"),
+                names.iter().any(|n| n.ends_with("_wg_big"))
+                    && names
+                        .iter()
+                        .any(|n| n.ends_with("_big") && !n.ends_with("_wg_big")),
+            );
+            let want = &outs[0].1;
+            for (name, got) in &outs[1..] {
+                c.check_true(
+                    test,
+                    &format!("{case} {p:?}: {name} bit-identical to {}", outs[0].0),
+                    bits_equal(got, want),
+                );
+            }
+        }
+    }
+    c.gpu.set_wg_big(wg_big);
+    c.gpu.set_big_tiles(big);
+    c.gpu.set_precision(Precision::Fp32)?;
+    result
 }
 
 fn conv_ref(c: &mut Ctx, g: &ConvGeom) -> Result<ConvRef> {

@@ -374,10 +374,11 @@ pub struct CudaBackend {
     wgmma: bool,
     /// Whether the channels-last conv forwards in 128×128 tiles take their
     /// warpgroup twin (`_wg_big`, the swizzled 128-byte-row pipeline) even
-    /// with `wgmma` off: on by default on Hopper, `ALEXNET_WG_BIG=0` turns
-    /// it off. (Measured faster for conv2, conv3 and conv5's forwards in
-    /// TF32 and bf16; slower for conv1's row-patch forward and for data
-    /// gradients at batch 256, which keep `mma.sync`.)
+    /// with `wgmma` off (Hopper, `ALEXNET_WG_BIG=1`). Measured faster for
+    /// conv2, conv3 and conv5's forwards in TF32 and bf16; conv1's row-patch
+    /// forward and the data gradients at batch 256 were slower with it, so
+    /// they keep `mma.sync`. Off by default until the step with exactly
+    /// this choice, and `gpu_ops conv_wg_big`, have run (benches/NOTES.md).
     wg_big: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
@@ -552,7 +553,7 @@ impl CudaBackend {
             tune_log: Default::default(),
             has_wgmma: hopper,
             wgmma: hopper && std::env::var("ALEXNET_WGMMA").is_ok_and(|v| v == "1"),
-            wg_big: hopper && std::env::var("ALEXNET_WG_BIG").map_or(true, |v| v != "0"),
+            wg_big: hopper && std::env::var("ALEXNET_WG_BIG").is_ok_and(|v| v == "1"),
             scratch: Default::default(),
             step_values,
             capturing: AtomicBool::new(false),
@@ -700,6 +701,11 @@ impl CudaBackend {
     /// Whether vector-engine products use their 128-column variants where
     /// they have one: `None` by how they fill the GPU (default), else
     /// always or never.
+    pub fn big_tiles(&self) -> Option<bool> {
+        self.big_tiles
+    }
+
+    /// Sets [`CudaBackend::big_tiles`].
     pub fn set_big_tiles(&mut self, on: Option<bool>) {
         self.big_tiles = on;
         self.settings_changed();
@@ -716,8 +722,8 @@ impl CudaBackend {
     /// precision and the shape (`fits`) allow it, the engine is on and that
     /// tile shape exists for it; its warpgroup-engine twin
     /// `{base}_{tf32|bf16}_wg{tile suffix}` instead where the Hopper module
-    /// has one and the engine is on (by default for the channels-last
-    /// forwards' 128×128 tiles, see `wg_big`).
+    /// has one and the engine is on (or, with `wg_big`, for the
+    /// channels-last forwards' 128×128 tiles).
     fn vec_kernel(&self, base: &str, fits: bool, tile: gemm::VecTile) -> Option<&'static str> {
         use crate::config::Precision;
         if !self.vec_engine || !fits {
