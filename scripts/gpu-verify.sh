@@ -11,7 +11,8 @@
 #   there: DEADLINE=570 bash scripts/gpu-verify.sh run [gpu_ops filters...]
 #          with carry [".gpf"]; logs in $OUT/logs (and $OUT/logs.tgz).
 # GPU_OPS_ALL=0 leaves out the whole gpu_ops run (~300 s), CUDNN_KERNELS=0
-# the kernel listing. Steps that
+# the kernel listing; WG_BIG=1 adds the check for making ALEXNET_WG_BIG=1
+# the default (gpu_ops conv_wg_big, host bench with it). Steps that
 # would pass $DEADLINE s are skipped (and say so).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +71,12 @@ for p in tf32 bf16; do
   fi
 done
 # Two epochs: the synthetic set is made in the first, kept for the second.
+if [ "${WG_BIG:-0}" = 1 ]; then
+  r conv_wg_big 120 .gpf/bin/gpu_ops conv_wg_big
+  for p in tf32 bf16; do
+    r bench-$p-wg-big 60 env ALEXNET_WG_BIG=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
+  done
+fi
 r main-job 90 $H train configs/alexnet.json --device cuda --precision bf16 --epochs 2 --out /tmp/runs-main --quiet
 cp /tmp/runs-main/*/metrics.jsonl $L/main-job-metrics.jsonl 2>/dev/null
 sed "s#/usr/share/datasets/fashion-mnist#$PWD/.gpf/fm#" configs/fashion-mnist.json > /tmp/fashion.json
