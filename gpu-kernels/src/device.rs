@@ -546,7 +546,7 @@ pub fn wg_desc(addr: u32, lbo: u32, sbo: u32) -> u64 {
 /// into a row to start at k-step s.
 #[inline(always)]
 pub fn wg_desc_sw128(addr: u32) -> u64 {
-    ((addr as u64 & 0x3_ffff) >> 4) | (1u64 << 16) | ((1024u64 >> 4) << 32) | (1u64 << 62)
+    wg_desc(addr, 16, 1024) | (1u64 << 62)
 }
 
 /// `wgmma.fence`: orders this warp's earlier register and shared-memory

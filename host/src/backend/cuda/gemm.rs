@@ -100,22 +100,21 @@ impl VecTile {
 /// `gemm::vshared_bytes` of shared memory (4 stages of 64 + 64 rows, or 3
 /// of 128 + 64, 64 + 128 or 128 + 128, × 80 bytes), or for the warpgroup
 /// engine (`_wg` kernels) `gemm::wshared_bytes` (4 stages of the rows × 64
-/// bytes).
+/// bytes; `_wg_big`: [`WG_BIG_SHARED`]).
 pub(super) fn vec_cfg(cfg: LaunchConfig, name: &str) -> LaunchConfig {
     let (gx, gy, gz) = cfg.grid_dim;
-    let (stages, rows, gx) = match VecTile::of_name(name) {
+    let tile = VecTile::of_name(name);
+    let (stages, rows, gx) = match tile {
         VecTile::Narrow => (4, 128, gx),
         VecTile::Wide => (3, 192, gx),
         VecTile::Big => (3, 256, gx.div_ceil(2)),
         VecTile::Long => (3, 192, gx.div_ceil(2)),
         VecTile::Slim => (3, 192, gx),
     };
-    let shared_mem_bytes = if is_wg_kernel(name) && VecTile::of_name(name) == VecTile::Big {
-        WG_BIG_SHARED
-    } else if is_wg_kernel(name) {
-        4 * rows * 64
-    } else {
-        stages * rows * 80
+    let shared_mem_bytes = match (is_wg_kernel(name), tile) {
+        (true, VecTile::Big) => WG_BIG_SHARED,
+        (true, _) => 4 * rows * 64,
+        (false, _) => stages * rows * 80,
     };
     LaunchConfig {
         grid_dim: (gx, gy, gz),
