@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A build's checks on a GPU machine without Rust, in one call that fits the
-# device tool's 64 MiB carry: the whole `gpu_ops` (the given filters first),
+# device tool's 64 MiB carry (`kernels`, the benchmark, is packed too, for
+# commands added after it): the whole `gpu_ops` (the given filters first),
 # memcheck on small shapes, `host bench` of AlexNet in TF32 and bf16 at
 # batch 128 and 256 (step times, device memory, the arena), the main job
 # for a few steps, Fashion-MNIST trained in bf16 with its 10-view test, and
@@ -11,8 +12,9 @@
 #   there: DEADLINE=570 bash scripts/gpu-verify.sh run [gpu_ops filters...]
 #          with carry [".gpf"]; logs in $OUT/logs (and $OUT/logs.tgz).
 # GPU_OPS_ALL=0 leaves out the whole gpu_ops run (~300 s), CUDNN_KERNELS=0
-# the kernel listing; WG_BIG=1 adds the check for making ALEXNET_WG_BIG=1
-# the default (gpu_ops conv_wg_big, host bench with it). Steps that
+# the kernel listing, TRAIN=0 the main job and Fashion-MNIST; WG_BIG=1
+# adds gpu_ops conv_wg_big and host bench with ALEXNET_WG_BIG=0 (the
+# warpgroup 128×128 forwards off, to compare with the default). Steps that
 # would pass $DEADLINE s are skipped (and say so).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,10 +22,11 @@ if [ "${1:-}" = pack ]; then
   set -e
   exes() { grep -o '"executable":"[^"]*"' | sed 's/"executable":"//; s/"$//'; }
   gpu_ops=$(cargo test --release --no-run --test gpu_ops --message-format=json 2>/dev/null | exes | grep /gpu_ops-)
+  kernels=$(cargo bench --no-run --bench kernels --message-format=json 2>/dev/null | exes | grep /kernels-)
   cargo build --release -p host
   rm -rf .gpf/bin
   mkdir -p .gpf/bin .gpf/fm
-  for exe in "$gpu_ops" target/release/host; do
+  for exe in "$gpu_ops" "$kernels" target/release/host; do
     strip -o .gpf/bin/$(basename "$exe" | sed 's/-[0-9a-f]\{16\}$//') "$exe"
   done
   [ -n "${2:-}" ] && strip -o .gpf/bin/host-base "$2"
@@ -70,20 +73,22 @@ for p in tf32 bf16; do
     r bench-$p-again 60 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   fi
 done
-# Two epochs: the synthetic set is made in the first, kept for the second.
 if [ "${WG_BIG:-0}" = 1 ]; then
   r conv_wg_big 120 .gpf/bin/gpu_ops conv_wg_big
   for p in tf32 bf16; do
-    r bench-$p-wg-big 60 env ALEXNET_WG_BIG=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
+    r bench-$p-no-wg-big 60 env ALEXNET_WG_BIG=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
 fi
-r main-job 90 $H train configs/alexnet.json --device cuda --precision bf16 --epochs 2 --out /tmp/runs-main --quiet
-cp /tmp/runs-main/*/metrics.jsonl $L/main-job-metrics.jsonl 2>/dev/null
-sed "s#/usr/share/datasets/fashion-mnist#$PWD/.gpf/fm#" configs/fashion-mnist.json > /tmp/fashion.json
-r fashion-bf16 150 $H train /tmp/fashion.json --device cuda --precision bf16 --out /tmp/runs
-ck=$(ls /tmp/runs/*/checkpoints/*.safetensors 2>/dev/null | sort | tail -n 1)
-[ -n "$ck" ] && r fashion-bf16-test 60 $H test "$ck" --device cuda
-cp /tmp/runs/*/metrics.jsonl $L/fashion-bf16-metrics.jsonl 2>/dev/null
+if [ "${TRAIN:-1}" = 1 ]; then
+  # Two epochs: the synthetic set is made in the first, kept for the second.
+  r main-job 90 $H train configs/alexnet.json --device cuda --precision bf16 --epochs 2 --out /tmp/runs-main --quiet
+  cp /tmp/runs-main/*/metrics.jsonl $L/main-job-metrics.jsonl 2>/dev/null
+  sed "s#/usr/share/datasets/fashion-mnist#$PWD/.gpf/fm#" configs/fashion-mnist.json > /tmp/fashion.json
+  r fashion-bf16 150 $H train /tmp/fashion.json --device cuda --precision bf16 --out /tmp/runs
+  ck=$(ls /tmp/runs/*/checkpoints/*.safetensors 2>/dev/null | sort | tail -n 1)
+  [ -n "$ck" ] && r fashion-bf16-test 60 $H test "$ck" --device cuda
+  cp /tmp/runs/*/metrics.jsonl $L/fashion-bf16-metrics.jsonl 2>/dev/null
+fi
 if [ "${CUDNN_KERNELS:-1}" = 1 ] && python3 -c 'import torch' 2>/dev/null; then
   r cudnn-kernels 120 python3 benches/pytorch_reference.py --batch-size 128 --precision tf32 bf16 --layers --kernels --steps 10
 fi

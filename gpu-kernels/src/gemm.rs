@@ -39,8 +39,8 @@
 //! and, in the Hopper (`sm_90a`) module only, the warpgroup engine
 //! ([`gemm_tile_wg`]: the same tiles on asynchronous `wgmma`; its 128×128
 //! tiles take 128 bytes of k per row in 128-byte-swizzled stages and beat
-//! the vector engine on the conv forwards, which the host gives them with
-//! `ALEXNET_WG_BIG=1`; the rest, 64 bytes per row unswizzled, only with
+//! the vector engine on the conv forwards, which the host gives them by
+//! default; the rest, 64 bytes per row unswizzled, only with
 //! `ALEXNET_WGMMA=1`).
 
 use crate::device::{

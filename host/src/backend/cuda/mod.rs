@@ -374,11 +374,11 @@ pub struct CudaBackend {
     wgmma: bool,
     /// Whether the channels-last conv forwards in 128×128 tiles take their
     /// warpgroup twin (`_wg_big`, the swizzled 128-byte-row pipeline) even
-    /// with `wgmma` off (Hopper, `ALEXNET_WG_BIG=1`). Measured faster for
-    /// conv2, conv3 and conv5's forwards in TF32 and bf16; conv1's row-patch
-    /// forward and the data gradients at batch 256 were slower with it, so
-    /// they keep `mma.sync`. Off by default until the step with exactly
-    /// this choice, and `gpu_ops conv_wg_big`, have run (benches/NOTES.md).
+    /// with `wgmma` off: on by default on Hopper (`ALEXNET_WG_BIG=0` turns
+    /// it off). Its products are bit-identical to `mma.sync`'s (`gpu_ops
+    /// conv_wg_big`); the step is 2–3% faster with it (benches/NOTES.md).
+    /// conv1's row-patch forward and the data gradients at batch 256 were
+    /// slower with it, so they keep `mma.sync`.
     wg_big: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
@@ -553,7 +553,7 @@ impl CudaBackend {
             tune_log: Default::default(),
             has_wgmma: hopper,
             wgmma: hopper && std::env::var("ALEXNET_WGMMA").is_ok_and(|v| v == "1"),
-            wg_big: hopper && std::env::var("ALEXNET_WG_BIG").is_ok_and(|v| v == "1"),
+            wg_big: hopper && !std::env::var("ALEXNET_WG_BIG").is_ok_and(|v| v == "0"),
             scratch: Default::default(),
             step_values,
             capturing: AtomicBool::new(false),
