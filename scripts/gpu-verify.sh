@@ -33,6 +33,7 @@ if [ "${1:-}" = pack ]; then
   xz -9 -f -T0 .gpf/bin/*
   src=/usr/share/datasets/fashion-mnist
   for f in "$src"/*.gz; do
+    [ -e "$f" ] || { echo "note: no Fashion-MNIST in $src; the run's Fashion step will fail"; break; }
     b=$(basename "$f" .gz)
     [ -f .gpf/fm/$b.xz ] || zcat "$f" | xz -9e -T0 > .gpf/fm/$b.xz
   done

@@ -818,7 +818,8 @@ struct ConvRef {
 /// The channels-last forwards' 128×128 tiles on the swizzled warpgroup
 /// kernels (`_wg_big`, Hopper) and on `mma.sync`, at AlexNet's conv2, conv3
 /// and conv5 shapes at batch 128 (where the autotune offers 128×128 tiles;
-/// at batch 8 it offers none, and the test would fail), TF32 and
+/// at batch 8 it offers none, and the test would fail) and a shape with
+/// partial tiles (also under `ALEXNET_TEST_SMALL`, for the sanitizers), TF32 and
 /// bf16: every autotune candidate with the warpgroup kernels on, and the
 /// `mma.sync` 128×128 kernel, must agree bit for bit — what lets the
 /// autotune pick between them by speed alone (`conv_autotune`'s small cases
@@ -835,6 +836,9 @@ fn conv_wg_big(c: &mut Ctx) -> Result<()> {
         ("alexnet conv2 b128", g(128, 96, 27, 27, 256, 5, 1, 2, 2)),
         ("alexnet conv3 b128", g(128, 256, 13, 13, 384, 3, 1, 1, 1)),
         ("alexnet conv5 b128", g(128, 384, 13, 13, 256, 3, 1, 1, 2)),
+        // Partial tiles: 200 filters (the second 128-row tile 72 rows, its
+        // second warpgroup 8), 61 × 169 pixels (the last tile 69 columns).
+        ("odd b61 f200", g(61, 256, 13, 13, 200, 3, 1, 1, 1)),
     ]);
     let (big, wg_big) = (c.gpu.big_tiles(), c.gpu.wg_big_enabled());
     c.gpu.set_big_tiles(Some(true));
@@ -881,6 +885,25 @@ fn conv_wg_big(c: &mut Ctx) -> Result<()> {
                     test,
                     &format!("{case} {p:?}: {name} bit-identical to {}", outs[0].0),
                     bits_equal(got, want),
+                );
+            }
+            // The shape with partial tiles also against the CPU reference
+            // (`conv_forward`'s cases never take 128×128 tiles).
+            if !case.starts_with("alexnet") {
+                let (x, w, b) = (
+                    c.gpu.download(&x)?,
+                    c.gpu.download(&w)?,
+                    c.gpu.download(&b)?,
+                );
+                let mut y = vec![0.0; g.y_len()];
+                c.cpu.conv_forward(g, &x, &w, &b, &mut y)?;
+                let (label, tol) = label_tol(c, p);
+                c.check(
+                    test,
+                    &format!("{case}{label} {} vs CPU", outs[0].0),
+                    want,
+                    &y,
+                    tol,
                 );
             }
         }
