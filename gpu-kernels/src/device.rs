@@ -313,21 +313,6 @@ pub fn mma_bf16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
     c
 }
 
-/// Bytes of dynamic shared memory this launch was given
-/// (`%dynamic_smem_size`).
-#[inline(always)]
-pub fn dynamic_shared_bytes() -> u32 {
-    let n: u32;
-    unsafe {
-        asm!(
-            "mov.u32 {n}, %dynamic_smem_size;",
-            n = out(reg32) n,
-            options(pure, nomem, nostack, preserves_flags),
-        )
-    };
-    n
-}
-
 /// The 32-bit shared-window address of a generic pointer into shared memory.
 #[inline(always)]
 pub fn shared_addr<T>(p: *const T) -> u32 {

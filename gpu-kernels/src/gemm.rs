@@ -44,8 +44,8 @@
 //! `ALEXNET_WGMMA=1`).
 
 use crate::device::{
-    bdim_x, bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
-    dynamic_shared_bytes, fence_proxy_async_shared, ld_shared, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
+    bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
+    fence_proxy_async_shared, ld_shared, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
     shared_addr, st_v2, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wg_desc_sw128, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
     wgmma_wait,
 };
@@ -1221,9 +1221,10 @@ const WG_SBO: u32 = 512;
 /// t run, and a stage is refilled only after every warp has waited for the
 /// `wgmma`s that read it (the barrier of the tile after next).
 /// [`wstages`] stages of [`wg_offset`]-laid tiles ([`wg_products`]);
-/// 128×128 tiles instead take 128 bytes of k per row in 128-byte-swizzled
-/// stages ([`wg_products_sw`]). Accumulators: rows `64h + 16w + …` of warp
-/// w in `acc[h]` (see [`wgmma`]).
+/// accumulators: rows `64h + 16w + …` of warp w in `acc[h]` (see
+/// [`wgmma`]). 128×128 tiles instead take 128 bytes of k per row in
+/// 128-byte-swizzled stages, in blocks of two warpgroups, one per 64 rows
+/// ([`wg_products_sw`]): rows `16w + …` of warp w (of 8).
 #[inline(always)]
 pub unsafe fn gemm_tile_wg<A: VecOperand, B: VecOperand, E: Epilogue, const T: u8, const HALF: bool>(
     a: &A,
@@ -1259,17 +1260,13 @@ pub unsafe fn gemm_tile_wg<A: VecOperand, B: VecOperand, E: Epilogue, const T: u
             }
         })
     };
-    if T == VBIG && bdim_x() == 2 * VTHREADS {
+    if T == VBIG {
         // Two warpgroups: warp w's rows are 16w + … (h = 0 for both).
-        let acc = unsafe { wg_products_coop::<A, B, HALF>(a, b, m_total, n_total, k_begin, k_end) };
+        let acc = unsafe { wg_products_sw::<A, B, HALF>(a, b, m_total, n_total, k_begin, k_end) };
         store_half(0, &acc);
         return;
     }
-    let (acc0, acc1) = if T == VBIG {
-        unsafe { wg_products_sw::<A, B, HALF>(a, b, m_total, n_total, k_begin, k_end) }
-    } else {
-        unsafe { wg_products::<A, B, T, HALF>(a, b, m_total, n_total, k_begin, k_end) }
-    };
+    let (acc0, acc1) = unsafe { wg_products::<A, B, T, HALF>(a, b, m_total, n_total, k_begin, k_end) };
     store_half(0, &acc0);
     if vbm(T) == 128 {
         store_half(1, &acc1);
@@ -1285,21 +1282,22 @@ const WS_STAGES: u32 = 4;
 /// Bytes of one stage of the swizzled pipeline: (128 + 128) rows ×
 /// [`WS_ROW`].
 const WS_STAGE_BYTES: u32 = 256 * WS_ROW;
-/// Dynamic shared memory of the 128×128 warpgroup kernels (`_wg_big`) with
-/// `stages` stages, plus 1 KiB to align them to the 1024-byte swizzle
-/// pattern: [`WS_STAGES`] for [`wg_products_sw`], 3 or 4 for
-/// [`wg_products_coop`], which reads the count back from the launch.
-pub const fn wshared_bytes_sw(stages: u32) -> u32 {
-    stages * WS_STAGE_BYTES + 1024
+/// Dynamic shared memory of the 128×128 warpgroup kernels (`_wg_big`):
+/// [`WS_STAGES`] stages, plus 1 KiB to align them to the 1024-byte swizzle
+/// pattern.
+pub const fn wshared_bytes_sw() -> u32 {
+    WS_STAGES * WS_STAGE_BYTES + 1024
 }
+/// Threads of a 128×128 warpgroup kernel's block: two warpgroups.
+pub const WS_THREADS: u32 = 2 * VTHREADS;
 
-/// Copies of four rows of a swizzled warpgroup tile: the thread's rows
-/// `RS·j` (j < 4) below its first at shared address `at` (A) and `at +
-/// b_off` (B), from cursors `ca`, `cb` (slots `RS` rows apart); only rows
-/// below `am` (A) and `bn` (B) are read, the rest zero-filled.
+/// Copies of a swizzled warpgroup tile: the thread's rows `32j` (j < 4)
+/// below its first at shared address `at` (A) and `at + b_off` (B), from
+/// cursors `ca`, `cb` (slots 32 rows apart); only rows below `am` (A) and
+/// `bn` (B) are read, the rest zero-filled.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn ws_copy<A: VecOperand, B: VecOperand, const RS: u32>(
+unsafe fn ws_copy<A: VecOperand, B: VecOperand>(
     a: &A,
     b: &B,
     ca: &A::Cursor,
@@ -1310,7 +1308,7 @@ unsafe fn ws_copy<A: VecOperand, B: VecOperand, const RS: u32>(
     bn: u32,
 ) {
     unrolled::<4>(|j| {
-        let (row, at) = (RS * j as u32, at + RS * j as u32 * WS_ROW);
+        let (row, at) = (32 * j as u32, at + 32 * j as u32 * WS_ROW);
         let src = if row < am { a.src(ca, j) } else { None };
         unsafe { cp_async_v4(at, src, a.base(), A::L1) };
         let src = if row < bn { b.src(cb, j) } else { None };
@@ -1319,117 +1317,19 @@ unsafe fn ws_copy<A: VecOperand, B: VecOperand, const RS: u32>(
 }
 
 /// The products of [`gemm_tile_wg`] for 128×128 tiles on 128-byte-swizzled
-/// stages: row `r` of a tile at `r·128`, its 16-byte chunk `q` at
+/// stages, in blocks of [`WS_THREADS`] (two warpgroups): warpgroup h issues
+/// the `wgmma`s of rows `64h..64h+64` and returns their accumulator. Row
+/// `r` of a stage's tile sits at `r·128`, its 16-byte chunk `q` at
 /// `16·(q ⊕ r mod 8)` (`wgmma`'s 128-byte swizzle, 1024-byte atoms of 8
-/// rows). Thread t copies chunk `t mod 8` of rows `t/8 + 16j` (j < 8,
-/// two cursors of four slots per operand), so each quarter-warp reads one
-/// whole line and writes it across all banks; four `wgmma` k-steps of 32
-/// bytes per tile, the descriptor's start moved along the row.
+/// rows). Thread t copies chunk `t mod 8` of rows `t/8 + 32j` (j < 4, one
+/// cursor of four slots per operand), so each quarter-warp reads one whole
+/// line and writes it across all banks; four `wgmma` k-steps of 32 bytes
+/// per tile, the descriptor's start moved along the row. Copies go two
+/// tiles ahead of [`WS_STAGES`] stages; a tile's `wgmma`s may run on until
+/// the next tile's are issued. Two warpgroups halve each thread's copies
+/// and cursor steps against one, and give each scheduler two warps.
 #[inline(always)]
 unsafe fn wg_products_sw<A: VecOperand, B: VecOperand, const HALF: bool>(
-    a: &A,
-    b: &B,
-    m_total: u32,
-    n_total: u32,
-    k_begin: u32,
-    k_end: u32,
-) -> ([f32; 64], [f32; 64]) {
-    let tid = tid_x();
-    let m0 = bid_y() * 128;
-    let n0 = bid_x() * 128;
-    let smem = (shared_addr(shared::<f32>()) + 1023) & !1023;
-    let stage_bytes = WS_STAGE_BYTES;
-    let b_off = 128 * WS_ROW;
-    let bk = 2 * vbk(HALF);
-    let (q, r) = (tid % 8, tid / 8);
-    let dst = r * WS_ROW + 16 * (q ^ (r % 8));
-    let kq = vlen(HALF) * q;
-    let (mut ca0, mut ca1) = (
-        a.open(k_begin + kq, m0 + r, 0, 16),
-        a.open(k_begin + kq, m0 + r + 64, 0, 16),
-    );
-    let (mut cb0, mut cb1) = (
-        b.open(k_begin + kq, n0 + r, 0, 16),
-        b.open(k_begin + kq, n0 + r + 64, 0, 16),
-    );
-    // A macro, not a closure: ptxas got the closure as a call with its
-    // captures in local memory (the data gradients' cursors).
-    macro_rules! issue {
-        ($stage:expr, $k0:expr) => {{
-            let (stage, k0): (u32, u32) = ($stage, $k0);
-            let at = smem + stage * stage_bytes + dst;
-            // Rows past the operands' ends (and k past `k_end`) are zeros.
-            let (am, bn) = if k0 + kq < k_end {
-                (m_total.saturating_sub(m0 + r), n_total.saturating_sub(n0 + r))
-            } else {
-                (0, 0)
-            };
-            unsafe { ws_copy::<A, B, 16>(a, b, &ca0, &cb0, at, b_off, am, bn) };
-            let (am1, bn1) = (am.saturating_sub(64), bn.saturating_sub(64));
-            unsafe { ws_copy::<A, B, 16>(a, b, &ca1, &cb1, at + 64 * WS_ROW, b_off, am1, bn1) };
-            for _ in 0..2 {
-                a.step(&mut ca0);
-                a.step(&mut ca1);
-                b.step(&mut cb0);
-                b.step(&mut cb1);
-            }
-        }};
-    }
-
-    let tiles = if k_end > k_begin {
-        (k_end - k_begin).div_ceil(bk)
-    } else {
-        0
-    };
-    for t in 0..WS_STAGES - 2 {
-        if t < tiles {
-            issue!(t, k_begin + t * bk);
-        }
-        cp_async_commit();
-    }
-    let (mut acc0, mut acc1) = ([0.0f32; 64], [0.0f32; 64]);
-    for t in 0..tiles {
-        // As in `wg_products`: tile t is in, tile t − 2's stage is free.
-        cp_async_wait::<1>();
-        fence_proxy_async_shared();
-        sync_threads();
-        let ahead = t + WS_STAGES - 2;
-        if ahead < tiles {
-            issue!(ahead % WS_STAGES, k_begin + ahead * bk);
-        }
-        cp_async_commit();
-
-        let a_s = smem + (t % WS_STAGES) * stage_bytes;
-        let b_s = a_s + b_off;
-        wgmma_fence();
-        for s in 0..4u32 {
-            let db = wg_desc_sw128(b_s + 32 * s);
-            unsafe { wgmma::<HALF, 128>(&mut acc0, wg_desc_sw128(a_s + 32 * s), db) };
-            unsafe { wgmma::<HALF, 128>(&mut acc1, wg_desc_sw128(a_s + 64 * WS_ROW + 32 * s), db) };
-        }
-        wgmma_commit();
-        wgmma_wait::<1>();
-    }
-    wgmma_wait::<0>();
-    cp_async_wait::<0>();
-    wgmma_hold::<128>(&mut acc0);
-    wgmma_hold::<128>(&mut acc1);
-    (acc0, acc1)
-}
-
-/// The products of [`gemm_tile_wg`] for 128×128 tiles in blocks of 256
-/// threads, two warpgroups: warpgroup h issues the `wgmma`s of rows
-/// `64h..64h+64` and returns their accumulator. The stages are those of
-/// [`wg_products_sw`], three or four as the launch's dynamic shared memory
-/// says ([`wshared_bytes_sw`]); thread t copies chunk `t mod 8` of rows
-/// `t/8 + 32j` (j < 4, one cursor of four slots per operand): half the
-/// copies, cursors and `wgmma`s per thread of the 128-thread block, and
-/// two warps per scheduler to hide each other's latencies. Copies go two
-/// tiles ahead; with four stages a tile's `wgmma`s may run on until the
-/// next tile's are issued, with three (two blocks per SM) they are waited
-/// for at once.
-#[inline(always)]
-unsafe fn wg_products_coop<A: VecOperand, B: VecOperand, const HALF: bool>(
     a: &A,
     b: &B,
     m_total: u32,
@@ -1442,8 +1342,6 @@ unsafe fn wg_products_coop<A: VecOperand, B: VecOperand, const HALF: bool>(
     let m0 = bid_y() * 128;
     let n0 = bid_x() * 128;
     let smem = (shared_addr(shared::<f32>()) + 1023) & !1023;
-    let four = dynamic_shared_bytes() >= wshared_bytes_sw(4);
-    let stages = if four { 4 } else { 3 };
     let b_off = 128 * WS_ROW;
     let bk = 2 * vbk(HALF);
     let (q, r) = (tid % 8, tid / 8);
@@ -1461,7 +1359,7 @@ unsafe fn wg_products_coop<A: VecOperand, B: VecOperand, const HALF: bool>(
             } else {
                 (0, 0)
             };
-            unsafe { ws_copy::<A, B, 32>(a, b, &ca, &cb, at, b_off, am, bn) };
+            unsafe { ws_copy(a, b, &ca, &cb, at, b_off, am, bn) };
             for _ in 0..2 {
                 a.step(&mut ca);
                 b.step(&mut cb);
@@ -1474,41 +1372,33 @@ unsafe fn wg_products_coop<A: VecOperand, B: VecOperand, const HALF: bool>(
     } else {
         0
     };
-    for t in 0..2 {
+    for t in 0..WS_STAGES - 2 {
         if t < tiles {
             issue!(t, k_begin + t * bk);
         }
         cp_async_commit();
     }
     let mut acc = [0.0f32; 64];
-    // The stages of tiles t and t + 2.
-    let (mut s_now, mut s_ahead) = (0, 2);
     for t in 0..tiles {
-        // Tile t is in, and every warp has passed the wait for the
-        // `wgmma`s that last read stage `s_ahead` (tile t − 2's with four
-        // stages, t − 1's with three).
+        // As in `wg_products`: tile t is in, and every warp has passed the
+        // wait for tile t − 2's `wgmma`s, so that tile's stage is free.
         cp_async_wait::<1>();
         fence_proxy_async_shared();
         sync_threads();
-        if t + 2 < tiles {
-            issue!(s_ahead, k_begin + (t + 2) * bk);
+        let ahead = t + WS_STAGES - 2;
+        if ahead < tiles {
+            issue!(ahead % WS_STAGES, k_begin + ahead * bk);
         }
         cp_async_commit();
-        s_ahead = if s_ahead + 1 == stages { 0 } else { s_ahead + 1 };
 
-        let a_s = smem + s_now * WS_STAGE_BYTES + 64 * h * WS_ROW;
-        let b_s = smem + s_now * WS_STAGE_BYTES + b_off;
-        s_now = if s_now + 1 == stages { 0 } else { s_now + 1 };
+        let stage = smem + (t % WS_STAGES) * WS_STAGE_BYTES;
+        let (a_s, b_s) = (stage + 64 * h * WS_ROW, stage + b_off);
         wgmma_fence();
         for s in 0..4u32 {
             unsafe { wgmma::<HALF, 128>(&mut acc, wg_desc_sw128(a_s + 32 * s), wg_desc_sw128(b_s + 32 * s)) };
         }
         wgmma_commit();
-        if four {
-            wgmma_wait::<1>();
-        } else {
-            wgmma_wait::<0>();
-        }
+        wgmma_wait::<1>();
     }
     wgmma_wait::<0>();
     cp_async_wait::<0>();

@@ -100,7 +100,7 @@ impl VecTile {
 /// `gemm::vshared_bytes` of shared memory (4 stages of 64 + 64 rows, or 3
 /// of 128 + 64, 64 + 128 or 128 + 128, × 80 bytes), or for the warpgroup
 /// engine (`_wg` kernels) `gemm::wshared_bytes` (4 stages of the rows × 64
-/// bytes; `_wg_big`: [`WgBig`], 128 or 256 threads).
+/// bytes; `_wg_big`: [`WG_BIG_SHARED`], [`WG_BIG_THREADS`] threads).
 pub(super) fn vec_cfg(cfg: LaunchConfig, name: &str) -> LaunchConfig {
     let (gx, gy, gz) = cfg.grid_dim;
     let tile = VecTile::of_name(name);
@@ -111,9 +111,8 @@ pub(super) fn vec_cfg(cfg: LaunchConfig, name: &str) -> LaunchConfig {
         VecTile::Long => (3, 192, gx.div_ceil(2)),
         VecTile::Slim => (3, 192, gx),
     };
-    let big = WgBig::get();
     let (threads, shared_mem_bytes) = match (is_wg_kernel(name), tile) {
-        (true, VecTile::Big) => (big.threads(), big.shared()),
+        (true, VecTile::Big) => (WG_BIG_THREADS, WG_BIG_SHARED),
         (true, _) => (128, 4 * rows * 64),
         (false, _) => (128, stages * rows * 80),
     };
@@ -134,49 +133,13 @@ pub(super) fn is_wg_kernel(name: &str) -> bool {
 /// of 64 bytes for the warpgroup engine's 128×128 tiles), over the 48 KiB a
 /// kernel gets without opting in.
 pub(super) const VEC_SHARED_MAX: i32 = 4 * 256 * 64;
-/// How the 128×128 warpgroup kernels (`_wg_big`) run: one warpgroup of 128
-/// threads issuing both halves' `wgmma`s (`gemm::wg_products_sw`, 4
-/// stages), or two of 256 threads, one half each (`wg_products_coop`, 3 or
-/// 4 stages of 256 rows × 128 bytes of k). The kernels read both back from
-/// the launch (block size, dynamic shared memory).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct WgBig {
-    pub coop: bool,
-    pub stages: u32,
-}
-
-impl WgBig {
-    /// Dynamic shared memory (`gemm::wshared_bytes_sw`): the stages and
-    /// 1 KiB to align them to the swizzle's 1024-byte atoms.
-    pub const fn shared(self) -> u32 {
-        self.stages * 256 * 128 + 1024
-    }
-    pub const fn threads(self) -> u32 {
-        if self.coop { 256 } else { 128 }
-    }
-    /// The most shared memory any mode takes (four stages).
-    #[cfg(test)]
-    pub const MAX_SHARED: u32 = WgBig {
-        coop: false,
-        stages: 4,
-    }
-    .shared();
-
-    /// The mode in use: `ALEXNET_WG_COOP=1` takes two warpgroups,
-    /// `ALEXNET_WG_STAGES=3` three stages for them (default: one
-    /// warpgroup, four stages; two are not yet measured on a GPU).
-    pub fn get() -> Self {
-        static M: std::sync::OnceLock<WgBig> = std::sync::OnceLock::new();
-        *M.get_or_init(|| {
-            let coop = std::env::var("ALEXNET_WG_COOP").is_ok_and(|v| v == "1");
-            let three = coop && std::env::var("ALEXNET_WG_STAGES").is_ok_and(|v| v == "3");
-            WgBig {
-                coop,
-                stages: if three { 3 } else { 4 },
-            }
-        })
-    }
-}
+/// Dynamic shared memory of the 128×128 warpgroup kernels (`_wg_big`):
+/// `gemm::wshared_bytes_sw`, 4 stages of 256 rows × 128 bytes of k, plus
+/// 1 KiB to align them to the swizzle's 1024-byte atoms.
+pub(super) const WG_BIG_SHARED: u32 = 4 * 256 * 128 + 1024;
+/// Threads of a 128×128 warpgroup kernel's block (`gemm::WS_THREADS`): two
+/// warpgroups, one per 64 rows.
+pub(super) const WG_BIG_THREADS: u32 = 256;
 
 /// Whether kernel `name` runs on the vector engine (and so needs
 /// [`VEC_SHARED_MAX`] bytes of dynamic shared memory allowed).
@@ -541,7 +504,7 @@ pub(super) fn fc_backward_bias(
 
 #[cfg(test)]
 mod tests {
-    use super::{VEC_SHARED_MAX, WgBig, vec_cfg};
+    use super::{VEC_SHARED_MAX, WG_BIG_SHARED, WG_BIG_THREADS, vec_cfg};
     use cudarc::driver::LaunchConfig;
 
     /// Launch shapes from kernel names: 128-column tiles halve grid x, and
@@ -564,28 +527,24 @@ mod tests {
             ("conv_backward_data_nhwc_t_tf32_slim", 9, 3 * 192 * 80),
             ("conv_forward_nhwc_tf32_wg", 9, 4 * 128 * 64),
             ("conv_forward_nhwc_tf32_wg_wide", 9, 4 * 192 * 64),
-            ("conv_forward_nhwc_tf32_wg_big", 5, WgBig::get().shared()),
+            ("conv_forward_nhwc_tf32_wg_big", 5, 4 * 256 * 128 + 1024),
             ("conv_forward_nhwc16_bf16_wg_long", 5, 4 * 192 * 64),
         ] {
             let cfg = vec_cfg(grid, name);
             assert_eq!(cfg.grid_dim, (gx, 2, 3), "{name}");
             let threads = if name.ends_with("_wg_big") {
-                WgBig::get().threads()
+                WG_BIG_THREADS
             } else {
                 128
             };
             assert_eq!(cfg.block_dim, (threads, 1, 1), "{name}");
             assert_eq!(cfg.shared_mem_bytes, bytes, "{name}");
             let allowed = if name.ends_with("_wg_big") {
-                WgBig::MAX_SHARED
+                WG_BIG_SHARED
             } else {
                 VEC_SHARED_MAX as u32
             };
             assert!(cfg.shared_mem_bytes <= allowed, "{name}");
         }
-        // Three stages leave room for two blocks on an SM of sm_90 (228 KiB,
-        // 1 KiB of it reserved per block), four do not.
-        let per_block = |stages| WgBig { coop: true, stages }.shared() + 1024;
-        assert!(2 * per_block(3) <= 228 * 1024 && 2 * per_block(4) > 228 * 1024);
     }
 }
