@@ -13,8 +13,10 @@
 #          with carry [".gpf"]; logs in $OUT/logs (and $OUT/logs.tgz).
 # GPU_OPS_ALL=0 leaves out the whole gpu_ops run (~300 s), CUDNN_KERNELS=0
 # the kernel listing, TRAIN=0 the main job and Fashion-MNIST; WG_BIG=1
-# adds gpu_ops conv_wg_big and host bench with ALEXNET_WG_BIG=0 (the
-# warpgroup 128×128 forwards off, to compare with the default). Steps that
+# adds the 128×128 warpgroup kernels' checks (gpu_ops conv_wg_big, also
+# under memcheck and racecheck on its small shape; conv_forward and
+# conv_backward_data with every channels-last product on those tiles) and
+# host bench with ALEXNET_WG_BIG=0 (to compare with the default). Steps that
 # would pass $DEADLINE s are skipped (and say so).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -76,6 +78,11 @@ for p in tf32 bf16; do
 done
 if [ "${WG_BIG:-0}" = 1 ]; then
   r conv_wg_big 120 .gpf/bin/gpu_ops conv_wg_big
+  for tool in memcheck racecheck; do
+    r wg-big-$tool 90 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool $tool --error-exitcode 1 .gpf/bin/gpu_ops conv_wg_big
+  done
+  # Every channels-last product, data gradients too, on the 128×128 warpgroup tiles.
+  r wg-big-forced 150 env ALEXNET_WGMMA=1 ALEXNET_GEMM_TILES=128 ALEXNET_BIG_TILES=1 .gpf/bin/gpu_ops conv_forward conv_backward_data
   for p in tf32 bf16; do
     r bench-$p-no-wg-big 60 env ALEXNET_WG_BIG=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
@@ -94,7 +101,7 @@ if [ "${CUDNN_KERNELS:-1}" = 1 ] && python3 -c 'import torch' 2>/dev/null; then
   r cudnn-kernels 120 python3 benches/pytorch_reference.py --batch-size 128 --precision tf32 bf16 --layers --kernels --steps 10
 fi
 [ "${GPU_OPS_ALL:-1}" = 1 ] && r gpu_ops 330 .gpf/bin/gpu_ops
-grep -h "gpu_ops:\|ERROR SUMMARY" $L/gpu_ops*.log $L/memcheck.log >> $L/summary.log
+grep -h "gpu_ops:\|ERROR SUMMARY\|RACECHECK SUMMARY" $L/gpu_ops*.log $L/memcheck.log $L/conv_wg_big.log $L/wg-big-*.log >> $L/summary.log 2>/dev/null
 grep -H "images/s\|arena" $L/bench-*.log | sed 's#.*/##' >> $L/summary.log
 grep -h "ten views\|centre crop" $L/fashion-bf16-test.log >> $L/summary.log 2>/dev/null
 cat $L/summary.log; pack
