@@ -846,12 +846,12 @@ fn conv_wg_big(c: &mut Ctx) -> Result<()> {
     'all: for p in [Precision::Tf32, Precision::Bf16] {
         c.gpu.set_precision(p)?;
         for (case, g) in &cases {
-            let (x, w, b) = (
+            let (hx, hw, hb) = (
                 c.randn(g.x_len(), 1.0),
                 c.randn(g.w_len(), 0.1),
                 c.randn(g.c_out, 0.1),
             );
-            let (x, w, b) = (c.gpu.upload(&x)?, c.gpu.upload(&w)?, c.gpu.upload(&b)?);
+            let (x, w, b) = (c.gpu.upload(&hx)?, c.gpu.upload(&hw)?, c.gpu.upload(&hb)?);
             let mut outs: Vec<(String, Vec<f32>)> = Vec::new();
             for on in [true, false] {
                 c.gpu.set_wg_big(on);
@@ -890,13 +890,8 @@ fn conv_wg_big(c: &mut Ctx) -> Result<()> {
             // The shape with partial tiles also against the CPU reference
             // (`conv_forward`'s cases never take 128×128 tiles).
             if !case.starts_with("alexnet") {
-                let (x, w, b) = (
-                    c.gpu.download(&x)?,
-                    c.gpu.download(&w)?,
-                    c.gpu.download(&b)?,
-                );
                 let mut y = vec![0.0; g.y_len()];
-                c.cpu.conv_forward(g, &x, &w, &b, &mut y)?;
+                c.cpu.conv_forward(g, &hx, &hw, &hb, &mut y)?;
                 let (label, tol) = label_tol(c, p);
                 c.check(
                     test,

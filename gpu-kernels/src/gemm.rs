@@ -1349,6 +1349,8 @@ unsafe fn wg_products_sw<A: VecOperand, B: VecOperand, const HALF: bool>(
     let kq = vlen(HALF) * q;
     let mut ca = a.open(k_begin + kq, m0 + r, 0, 32);
     let mut cb = b.open(k_begin + kq, n0 + r, 0, 32);
+    // A macro, not a closure: ptxas got the closure as a call with its
+    // captures in local memory (the data gradients' cursors).
     macro_rules! issue {
         ($stage:expr, $k0:expr) => {{
             let (stage, k0): (u32, u32) = ($stage, $k0);
