@@ -13,7 +13,8 @@
 //!
 //! `ALEXNET_CUDA_ARCH` (default `sm_90`) picks the portable module's target;
 //! any `sm_70`+ works.
-//! `ALEXNET_PTX_VERSION` (default `80`, i.e. PTX ISA 8.0) picks `+ptxNN`.
+//! `ALEXNET_PTX_VERSION` (default `80`, i.e. PTX ISA 8.0) picks `+ptxNN` (the
+//! Hopper module takes at least 8.3, for its TMA kernels).
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -45,6 +46,11 @@ fn main() {
         "ALEXNET_CUDA_ARCH: rustc's NVPTX backend needs sm_70 or newer, got {arch}"
     );
 
+    // The Hopper module's TMA kernels acquire their tensor maps with
+    // `fence.proxy.tensormap` (PTX ISA 8.3).
+    let hopper_ptx = ptx_version
+        .parse::<u32>()
+        .map_or(ptx_version.clone(), |v| v.max(83).to_string());
     // The portable module and the Hopper one (its `wgmma` kernels need the
     // architecture-specific `sm_90a` target), built side by side.
     let mut base = kernel_build(
@@ -58,7 +64,7 @@ fn main() {
         &kernels,
         &out.join("gpu-kernels-target-sm90a"),
         "sm_90a",
-        &ptx_version,
+        &hopper_ptx,
         true,
     );
     let (base_ok, hopper_ok) = (base.wait(), hopper.wait());

@@ -153,6 +153,7 @@ const TESTS: &[(&str, Test)] = &[
     ("conv_kept", conv_kept),
     ("conv_autotune", conv_autotune),
     ("conv_wg_big", conv_wg_big),
+    ("conv_tma", conv_tma),
     ("transpose", transpose),
     ("row_patches", row_patches),
     ("convert_bf16", convert_bf16),
@@ -840,8 +841,13 @@ fn conv_wg_big(c: &mut Ctx) -> Result<()> {
         // second warpgroup 8), 61 × 169 pixels (the last tile 69 columns).
         ("odd b61 f200", g(61, 256, 13, 13, 200, 3, 1, 1, 1)),
     ]);
-    let (big, wg_big) = (c.gpu.big_tiles(), c.gpu.wg_big_enabled());
+    let (big, wg_big, tma) = (
+        c.gpu.big_tiles(),
+        c.gpu.wg_big_enabled(),
+        c.gpu.tma_enabled(),
+    );
     c.gpu.set_big_tiles(Some(true));
+    c.gpu.set_tma(false);
     let mut result = Ok(());
     'all: for p in [Precision::Tf32, Precision::Bf16] {
         c.gpu.set_precision(p)?;
@@ -904,6 +910,111 @@ fn conv_wg_big(c: &mut Ctx) -> Result<()> {
         }
     }
     c.gpu.set_wg_big(wg_big);
+    c.gpu.set_tma(tma);
+    c.gpu.set_big_tiles(big);
+    c.gpu.set_precision(Precision::Fp32)?;
+    result
+}
+
+/// The channels-last forwards' 128×128 warpgroup kernels with their
+/// operands fetched by the tensor memory accelerator (`_wg_tma_big`, Hopper)
+/// against their `cp.async` twins (`_wg_big`), which sum the same products
+/// in the same order, so the two must agree bit for bit, and against the
+/// CPU reference; TF32 and bf16. Shapes: AlexNet's conv3 and conv4 at
+/// batch 128 (conv4: 192 filters a group, so a 128-row tile reads the next
+/// group's filters, which must not show), a rectangular filter on a
+/// rectangular image (the im2col map's corners per axis), stride 2, batch
+/// 1, and partial tiles of filters and pixels; the last three also under
+/// `ALEXNET_TEST_SMALL` (for the sanitizers). Off Hopper it says SKIPPED
+/// and checks nothing.
+fn conv_tma(c: &mut Ctx) -> Result<()> {
+    let test = "conv_tma";
+    if !c.gpu.has_wgmma() {
+        println!("  SKIPPED (no tensor memory accelerator: not a Hopper GPU)");
+        return Ok(());
+    }
+    let g = conv_geom;
+    let rect = ConvGeom {
+        k_h: 3,
+        k_w: 5,
+        ..g(3, 128, 11, 9, 200, 3, 1, 2, 2)
+    };
+    let cases = keep(vec![
+        ("alexnet conv3 b128", g(128, 256, 13, 13, 384, 3, 1, 1, 1)),
+        ("alexnet conv4 b128", g(128, 384, 13, 13, 384, 3, 1, 1, 2)),
+        ("rect 3x5 pad 2 g2 f200 b3", rect),
+        ("stride 2 b5 f72", g(5, 64, 15, 15, 72, 3, 2, 1, 1)),
+        ("b1 conv5", g(1, 384, 13, 13, 256, 3, 1, 1, 2)),
+    ]);
+    let (big, wg_big, tma) = (
+        c.gpu.big_tiles(),
+        c.gpu.wg_big_enabled(),
+        c.gpu.tma_enabled(),
+    );
+    c.gpu.set_big_tiles(Some(true));
+    // 128-row tiles also for conv4's 192 filters a group.
+    c.gpu.set_gemm_tiles(GemmTiles::Wide);
+    c.gpu.set_wg_big(true);
+    let mut result = Ok(());
+    'all: for p in [Precision::Tf32, Precision::Bf16] {
+        c.gpu.set_precision(p)?;
+        for (case, g) in &cases {
+            let (hx, hw, hb) = (
+                c.randn(g.x_len(), 1.0),
+                c.randn(g.w_len(), 0.1),
+                c.randn(g.c_out, 0.1),
+            );
+            let (x, w, b) = (c.gpu.upload(&hx)?, c.gpu.upload(&hw)?, c.gpu.upload(&hb)?);
+            let mut outs: Vec<(String, Vec<f32>)> = Vec::new();
+            for on in [false, true] {
+                c.gpu.set_tma(on);
+                let gpu = &c.gpu;
+                let run = gpu.for_each_conv_candidate(g, "forward", |name| {
+                    if name.ends_with("_wg_big") || name.ends_with("_wg_tma_big") {
+                        let mut y = gpu.poisoned(g.y_len())?;
+                        gpu.conv_forward(g, &x, &w, &b, &mut y)?;
+                        outs.push((name.to_string(), gpu.download(&y)?));
+                    }
+                    Ok(())
+                });
+                if let Err(e) = run {
+                    result = Err(e);
+                    break 'all;
+                }
+            }
+            let names: Vec<&str> = outs.iter().map(|(n, _)| n.as_str()).collect();
+            println!("  {case} {p:?}: {}", names.join(", "));
+            let plain = outs.iter().find(|(n, _)| n.ends_with("_wg_big"));
+            let fed = outs.iter().find(|(n, _)| n.ends_with("_wg_tma_big"));
+            c.check_true(
+                test,
+                &format!("{case} {p:?}: a _wg_big and a _wg_tma_big candidate"),
+                plain.is_some() && fed.is_some(),
+            );
+            let (Some((plain_name, want)), Some((fed_name, got))) = (plain, fed) else {
+                continue;
+            };
+            c.check_true(
+                test,
+                &format!("{case} {p:?}: {fed_name} bit-identical to {plain_name}"),
+                bits_equal(got, want),
+            );
+            let mut y = vec![0.0; g.y_len()];
+            c.cpu.conv_forward(g, &hx, &hw, &hb, &mut y)?;
+            let (label, tol) = label_tol(c, p);
+            let got = got.clone();
+            c.check(
+                test,
+                &format!("{case}{label} {fed_name} vs CPU"),
+                &got,
+                &y,
+                tol,
+            );
+        }
+    }
+    c.gpu.set_wg_big(wg_big);
+    c.gpu.set_tma(tma);
+    c.gpu.set_gemm_tiles(GemmTiles::Auto);
     c.gpu.set_big_tiles(big);
     c.gpu.set_precision(Precision::Fp32)?;
     result

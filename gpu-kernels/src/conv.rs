@@ -1032,6 +1032,103 @@ gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const 
 gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_nhwc16_bf16_wg: WGMMA, 0; conv_forward_nhwc16_bf16_wg_wide: WGMMA, 1; conv_forward_nhwc16_bf16_wg_big: WGMMA, 2; conv_forward_nhwc16_bf16_wg_long: WGMMA, 3);
 
+/// The operands of a channels-last conv forward for the tensor memory
+/// accelerator: A, group g's filter rows, a 2-D tiled map of the `[F][KK·Cg]`
+/// weights at `maps`; B, the windows of x, an im2col map of the NHWC x at
+/// `maps + 128` whose boxes are 128 windows × one tap's `bk` channels. K
+/// tile t is tap `t·bk / Cg` (kh, kw), channels `t·bk mod Cg` onwards of
+/// the group: the order of k the other channels-last kernels use, which
+/// needs `Cg` to be a multiple of `bk` (32 TF32 or 64 bf16 values, 128 bytes).
+#[cfg(feature = "wgmma")]
+struct ConvTma {
+    maps: *const u8,
+    s: ConvShape,
+    g: u32,
+    /// The block's first filter row (of all groups') and its first window's
+    /// image and top-left input corner.
+    row: u32,
+    img: u32,
+    ih: i32,
+    iw: i32,
+    bk: u32,
+}
+
+#[cfg(feature = "wgmma")]
+impl ConvTma {
+    #[inline(always)]
+    fn new(maps: *const u8, s: ConvShape, half: bool) -> Self {
+        let g = bid_z();
+        let p = bid_x() * 128;
+        let (img, q) = (p / (s.oh * s.ow), p % (s.oh * s.ow));
+        ConvTma {
+            maps,
+            s,
+            g,
+            row: g * s.fg() + bid_y() * 128,
+            img,
+            ih: ((q / s.ow) * s.stride) as i32 - s.pad as i32,
+            iw: ((q % s.ow) * s.stride) as i32 - s.pad as i32,
+            bk: vbk(half) * 2,
+        }
+    }
+}
+
+#[cfg(feature = "wgmma")]
+impl crate::gemm::TmaTiles for ConvTma {
+    #[inline(always)]
+    unsafe fn prepare(&self) {
+        use crate::device::tma_map_acquire;
+        unsafe {
+            tma_map_acquire(self.maps);
+            tma_map_acquire(self.maps.add(128));
+        }
+    }
+    #[inline(always)]
+    fn tiles(&self) -> u32 {
+        (self.s.cg() * self.s.kk()).div_ceil(self.bk)
+    }
+    #[inline(always)]
+    unsafe fn load(&self, t: u32, a: u32, b: u32, bar: u32) {
+        use crate::device::{tma_im2col_4d, tma_tile_2d};
+        let (s, k0) = (&self.s, t * self.bk);
+        let (tap, c0) = (k0 / s.cg(), k0 % s.cg());
+        let (kh, kw) = (tap / s.kw, tap % s.kw);
+        unsafe {
+            tma_tile_2d(a, self.maps, k0 as i32, self.row as i32, bar);
+            let c = (self.g * s.cg() + c0) as i32;
+            let x = self.maps.add(128);
+            tma_im2col_4d(b, x, c, self.iw, self.ih, self.img as i32, kw as u16, kh as u16, bar);
+        }
+    }
+}
+
+/// Convolution forward as [`conv_forward_nhwc_any`]'s 128×128 warpgroup
+/// kernels (not transposed), with both operands fetched by the tensor
+/// memory accelerator ([`ConvTma`]; `maps`: its two 128-byte tensor maps,
+/// made by the host for these x and wt). Grid (⌈N·OH·OW/128⌉, ⌈Fg/128⌉,
+/// G), `gemm::WS_THREADS` threads, `gemm::wshared_bytes_sw()` bytes.
+#[cfg(feature = "wgmma")]
+unsafe fn conv_forward_tma<const HALF: bool>(s: ConvShape, maps: *const u8, bias: *const f32, y: *mut f32) {
+    let l = ConvTma::new(maps, s, HALF);
+    let e = StoreOutput { y, bias, s, g: l.g };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, HALF>(&l, &e, s.fg(), s.n * s.oh * s.ow) };
+}
+
+/// [`conv_forward_tma`] in TF32 (x and wt TF32-rounded fp32, NHWC and
+/// `[F][KH][KW][Cg]`).
+#[cfg(feature = "wgmma")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_forward_nhwc_tf32_wg_tma_big(s: ConvShape, maps: *const u8, bias: *const f32, y: *mut f32) {
+    unsafe { conv_forward_tma::<false>(s, maps, bias, y) }
+}
+
+/// [`conv_forward_tma`] in bf16 (x and wt bf16).
+#[cfg(feature = "wgmma")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_forward_nhwc16_bf16_wg_tma_big(s: ConvShape, maps: *const u8, bias: *const f32, y: *mut f32) {
+    unsafe { conv_forward_tma::<true>(s, maps, bias, y) }
+}
+
 /// dy (NHWC, fp32 or bf16 when `H`) gathered as B((kh,kw,f), (n,ih,iw)) for
 /// one group, K-major. `S1`: the convolution's stride is 1.
 struct NhwcGradPatches<const H: bool, const S1: bool> {

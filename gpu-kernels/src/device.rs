@@ -578,6 +578,134 @@ pub fn fence_proxy_async_shared() {
     unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack, preserves_flags)) };
 }
 
+/// Initialises the shared-memory barrier (`mbarrier`, 8 bytes) at shared
+/// address `bar` to expect `count` arrivals per phase.
+#[inline(always)]
+pub unsafe fn mbar_init(bar: u32, count: u32) {
+    unsafe {
+        asm!(
+            "mbarrier.init.shared::cta.b64 [{b}], {c};",
+            b = in(reg32) bar,
+            c = in(reg32) count,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
+/// Publishes this thread's `mbarrier` initialisations to the other threads
+/// and to the copy engine (then a block barrier): `fence.mbarrier_init`
+/// and `fence.proxy.async`.
+#[inline(always)]
+pub fn mbar_init_fence() {
+    unsafe {
+        asm!(
+            "fence.mbarrier_init.release.cluster; fence.proxy.async.shared::cta;",
+            options(nostack, preserves_flags)
+        )
+    };
+}
+
+/// This thread's arrival on the barrier at `bar`, which also tells the
+/// phase to wait for `bytes` more of asynchronous (TMA) writes.
+#[inline(always)]
+pub unsafe fn mbar_arrive_expect_tx(bar: u32, bytes: u32) {
+    unsafe {
+        asm!(
+            "mbarrier.arrive.expect_tx.shared::cta.b64 _, [{b}], {n};",
+            b = in(reg32) bar,
+            n = in(reg32) bytes,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
+/// Waits until the phase of parity `parity` of the barrier at `bar` has
+/// completed (acquire, CTA scope): its arrivals and its TMA bytes are in.
+/// A phase that never completes (a copy lost, a wrong byte count) traps
+/// after 2^22 tries (seconds), a launch error instead of a hang.
+#[inline(always)]
+pub unsafe fn mbar_wait(bar: u32, parity: u32) {
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        if tries > 1 << 22 {
+            unsafe { nvptx::trap() };
+        }
+        let done: u32;
+        unsafe {
+            asm!(
+                "{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {q}; selp.u32 {d}, 1, 0, p; }}",
+                b = in(reg32) bar,
+                q = in(reg32) parity,
+                d = out(reg32) done,
+                options(nostack, preserves_flags),
+            )
+        };
+        if done != 0 {
+            break;
+        }
+    }
+}
+
+/// Makes the 128-byte tensor map at global address `map`, written before
+/// the launch, visible to the tensor memory accelerator (whose proxy a
+/// kernel does not acquire at its start), and prefetches it.
+#[inline(always)]
+pub unsafe fn tma_map_acquire(map: *const u8) {
+    unsafe {
+        asm!(
+            "fence.proxy.tensormap::generic.acquire.gpu [{m}], 128; prefetch.tensormap [{m}];",
+            m = in(reg64) map,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
+/// A tile of a 2-D tensor (the box of the tensor map at global address
+/// `map`, whose coordinates are `x` along the rows, `y` across them) into
+/// shared memory at `dst` by the tensor memory accelerator, completing as
+/// bytes on the barrier at `bar`. Elements outside the tensor arrive as zeros.
+#[inline(always)]
+pub unsafe fn tma_tile_2d(dst: u32, map: *const u8, x: i32, y: i32, bar: u32) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}}}], [{b}];",
+            d = in(reg32) dst,
+            m = in(reg64) map,
+            x = in(reg32) x,
+            y = in(reg32) y,
+            b = in(reg32) bar,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
+/// An im2col load of a 4-D NHWC tensor (the tensor map at global address
+/// `map`): `pixels` (the map's) consecutive filter windows from the one
+/// whose corner is at `(w, h)` of image `n`, each contributing the channels
+/// `c..` of its tap `(dw, dh)`, into shared memory at `dst`, completing as
+/// bytes on the barrier at `bar`. Padding and windows past the last image
+/// arrive as zeros.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn tma_im2col_4d(dst: u32, map: *const u8, c: i32, w: i32, h: i32, n: i32, dw: u16, dh: u16, bar: u32) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [{d}], [{m}, {{{c}, {w}, {h}, {n}}}], [{b}], {{{dw}, {dh}}};",
+            d = in(reg32) dst,
+            m = in(reg64) map,
+            c = in(reg32) c,
+            w = in(reg32) w,
+            h = in(reg32) h,
+            n = in(reg32) n,
+            dw = in(reg16) dw,
+            dh = in(reg16) dh,
+            b = in(reg32) bar,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
 /// One `wgmma` with an fp32 accumulator `$d` (an array of `$n` registers:
 /// `$first $rest` are its indices), A and B from descriptors.
 macro_rules! wgmma_asm {

@@ -45,7 +45,7 @@
 
 use crate::device::{
     bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
-    fence_proxy_async_shared, ld_shared, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
+    fence_proxy_async_shared, ld_shared, mbar_arrive_expect_tx, mbar_init, mbar_init_fence, mbar_wait, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
     shared_addr, st_v2, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wg_desc_sw128, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
     wgmma_wait,
 };
@@ -1238,39 +1238,39 @@ pub unsafe fn gemm_tile_wg<A: VecOperand, B: VecOperand, E: Epilogue, const T: u
     if !A::K_MAJOR || !B::K_MAJOR || T == VSLIM {
         unsafe { core::arch::nvptx::trap() };
     }
-    let tid = tid_x();
     let m0 = bid_y() * vbm(T);
     let n0 = bid_x() * vbn(T);
-    let (warp, lane) = (tid / 32, tid % 32);
-    let (g, tq) = (lane / 4, lane % 4);
-    let store = |h: u32, acc: &[f32; 64], i: usize, v: usize| {
-        let m = m0 + 64 * h + 16 * warp + g + 8 * (v as u32 / 2);
-        let n = n0 + 8 * i as u32 + 2 * tq + v as u32 % 2;
-        if m < m_total && n < n_total {
-            unsafe { e.store(m, n, acc[4 * i + v]) };
-        }
-    };
-    let store_half = |h: u32, acc: &[f32; 64]| {
-        unrolled::<16>(|i| {
-            if i < (vbn(T) / 8) as usize {
-                store(h, acc, i, 0);
-                store(h, acc, i, 1);
-                store(h, acc, i, 2);
-                store(h, acc, i, 3);
-            }
-        })
-    };
     if T == VBIG {
         // Two warpgroups: warp w's rows are 16w + … (h = 0 for both).
         let acc = unsafe { wg_products_sw::<A, B, HALF>(a, b, m_total, n_total, k_begin, k_end) };
-        store_half(0, &acc);
+        unsafe { wg_store(e, &acc, 128, m0, n0, m_total, n_total) };
         return;
     }
     let (acc0, acc1) = unsafe { wg_products::<A, B, T, HALF>(a, b, m_total, n_total, k_begin, k_end) };
-    store_half(0, &acc0);
+    unsafe { wg_store(e, &acc0, vbn(T), m0, n0, m_total, n_total) };
     if vbm(T) == 128 {
-        store_half(1, &acc1);
+        unsafe { wg_store(e, &acc1, vbn(T), m0 + 64, n0, m_total, n_total) };
     }
+}
+
+/// Stores a warpgroup accumulator of `bn` (64 or 128) columns through `e`: warp w (of
+/// the block) holds rows `m0 + 16w + …` and columns `n0..` (see [`wgmma`]);
+/// only `C[m, n]` inside `m_total × n_total` are written.
+#[inline(always)]
+unsafe fn wg_store<E: Epilogue>(e: &E, acc: &[f32; 64], bn: u32, m0: u32, n0: u32, m_total: u32, n_total: u32) {
+    let (warp, lane) = (tid_x() / 32, tid_x() % 32);
+    let (g, tq) = (lane / 4, lane % 4);
+    unrolled::<16>(|i| {
+        if i < (bn / 8) as usize {
+            unrolled::<4>(|v| {
+                let m = m0 + 16 * warp + g + 8 * (v as u32 / 2);
+                let n = n0 + 8 * i as u32 + 2 * tq + v as u32 % 2;
+                if m < m_total && n < n_total {
+                    unsafe { e.store(m, n, acc[4 * i + v]) };
+                }
+            })
+        }
+    })
 }
 
 /// Bytes of k per row in a tile of the swizzled warpgroup pipeline: one
@@ -1282,11 +1282,11 @@ const WS_STAGES: u32 = 4;
 /// Bytes of one stage of the swizzled pipeline: (128 + 128) rows ×
 /// [`WS_ROW`].
 const WS_STAGE_BYTES: u32 = 256 * WS_ROW;
-/// Dynamic shared memory of the 128×128 warpgroup kernels (`_wg_big`):
-/// [`WS_STAGES`] stages, plus 1 KiB to align them to the 1024-byte swizzle
-/// pattern.
+/// Dynamic shared memory of the 128×128 warpgroup kernels (`_wg_big`,
+/// `_wg_tma_big`): [`WS_STAGES`] stages, 1 KiB to align them to the
+/// 1024-byte swizzle pattern, and the stages' barriers of [`gemm_tile_tma`].
 pub const fn wshared_bytes_sw() -> u32 {
-    WS_STAGES * WS_STAGE_BYTES + 1024
+    WS_STAGES * WS_STAGE_BYTES + 1024 + 8 * WS_STAGES
 }
 /// Threads of a 128×128 warpgroup kernel's block: two warpgroups.
 pub const WS_THREADS: u32 = 2 * VTHREADS;
@@ -1406,6 +1406,78 @@ unsafe fn wg_products_sw<A: VecOperand, B: VecOperand, const HALF: bool>(
     cp_async_wait::<0>();
     wgmma_hold::<128>(&mut acc);
     acc
+}
+
+/// The operands of [`gemm_tile_tma`], fetched by the tensor memory
+/// accelerator: tile `t` (of [`TmaTiles::tiles`]) of A (the block's 128
+/// rows × 128 bytes of k) and of B (its 128 columns × the same k) into
+/// shared memory at `a` and `b`, 128-byte-swizzled, completing on the
+/// `mbarrier` at `bar` ([`WS_STAGE_BYTES`] in all, zeros outside the operands).
+pub trait TmaTiles {
+    /// Readies the tensor maps (thread 0, once, before the first load).
+    unsafe fn prepare(&self);
+    fn tiles(&self) -> u32;
+    unsafe fn load(&self, t: u32, a: u32, b: u32, bar: u32);
+}
+
+/// The 128×128 tile of C at block (bid_x, bid_y) on two warpgroups (blocks
+/// of [`WS_THREADS`]), as [`gemm_tile_wg`]'s, but with its operand tiles
+/// fetched by the tensor memory accelerator ([`TmaTiles`]): thread 0 issues
+/// each tile's two copies, two tiles ahead, into [`WS_STAGES`] stages laid
+/// out as [`wg_products_sw`]'s, and an `mbarrier` per stage tells the block
+/// when a tile is in; every thread only waits and issues `wgmma`s. A stage
+/// is refilled after the block's barrier at the top of the tile after next,
+/// which every warp passes only after its `wgmma`s that read the stage.
+#[inline(always)]
+pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, const HALF: bool>(l: &L, e: &E, m_total: u32, n_total: u32) {
+    let tid = tid_x();
+    let h = tid / VTHREADS;
+    let smem = (shared_addr(shared::<f32>()) + 1023) & !1023;
+    let bars = smem + WS_STAGES * WS_STAGE_BYTES;
+    let b_off = 128 * WS_ROW;
+    let tiles = l.tiles();
+    let fetch = |t: u32| {
+        let (stage, bar) = (smem + (t % WS_STAGES) * WS_STAGE_BYTES, bars + 8 * (t % WS_STAGES));
+        unsafe {
+            mbar_arrive_expect_tx(bar, WS_STAGE_BYTES);
+            l.load(t, stage, stage + b_off, bar);
+        }
+    };
+    if tid == 0 {
+        for s in 0..WS_STAGES {
+            unsafe { mbar_init(bars + 8 * s, 1) };
+        }
+        mbar_init_fence();
+        unsafe { l.prepare() };
+    }
+    sync_threads();
+    if tid == 0 {
+        for t in 0..WS_STAGES - 2 {
+            if t < tiles {
+                fetch(t);
+            }
+        }
+    }
+    let mut acc = [0.0f32; 64];
+    for t in 0..tiles {
+        // Every warp has waited for tile t − 2's `wgmma`s: its stage is free.
+        sync_threads();
+        if tid == 0 && t + WS_STAGES - 2 < tiles {
+            fetch(t + WS_STAGES - 2);
+        }
+        unsafe { mbar_wait(bars + 8 * (t % WS_STAGES), (t / WS_STAGES) % 2) };
+        let stage = smem + (t % WS_STAGES) * WS_STAGE_BYTES;
+        let (a_s, b_s) = (stage + 64 * h * WS_ROW, stage + b_off);
+        wgmma_fence();
+        for s in 0..4u32 {
+            unsafe { wgmma::<HALF, 128>(&mut acc, wg_desc_sw128(a_s + 32 * s), wg_desc_sw128(b_s + 32 * s)) };
+        }
+        wgmma_commit();
+        wgmma_wait::<1>();
+    }
+    wgmma_wait::<0>();
+    wgmma_hold::<128>(&mut acc);
+    unsafe { wg_store(e, &acc, 128, bid_y() * 128, bid_x() * 128, m_total, n_total) };
 }
 
 /// The products of [`gemm_tile_wg`] (tiles of 64 bytes of k per row,

@@ -116,15 +116,14 @@ pub(super) fn conv_forward(
             })
         }
         ForwardPlan::Vec(p) => XCopy::Nhwc { half: p.half }.with(be, g, x, keep, |xc| {
-            relayout(
-                be,
-                Scratch::W,
-                w,
-                [g.c_out, cg, kk],
-                cg,
-                p.half,
-                |wt| launch!(be, p.name, p.cfg, what; &s, xc, wt, bias, y),
-            )
+            relayout(be, Scratch::W, w, [g.c_out, cg, kk], cg, p.half, |wt| {
+                if p.name.contains("_tma") {
+                    let maps = be.conv_forward_maps(g, xc, wt, p.half)?;
+                    launch!(be, p.name, p.cfg, what; &s, &maps, bias, y)
+                } else {
+                    launch!(be, p.name, p.cfg, what; &s, xc, wt, bias, y)
+                }
+            })
         }),
     }
 }
@@ -173,6 +172,7 @@ fn forward_plan(be: &CudaBackend, g: &ConvGeom) -> ForwardPlan {
     }
     if let Some((name, half)) = channels_last(be, k, "conv_forward", fits, wide, Some(cfg.grid_dim))
     {
+        let name = be.tma_twin(name, g, half);
         let cfg = vec_cfg(cfg, name);
         return ForwardPlan::Vec(VecPlan { name, half, cfg });
     }

@@ -133,10 +133,11 @@ pub(super) fn is_wg_kernel(name: &str) -> bool {
 /// of 64 bytes for the warpgroup engine's 128×128 tiles), over the 48 KiB a
 /// kernel gets without opting in.
 pub(super) const VEC_SHARED_MAX: i32 = 4 * 256 * 64;
-/// Dynamic shared memory of the 128×128 warpgroup kernels (`_wg_big`):
-/// `gemm::wshared_bytes_sw`, 4 stages of 256 rows × 128 bytes of k, plus
-/// 1 KiB to align them to the swizzle's 1024-byte atoms.
-pub(super) const WG_BIG_SHARED: u32 = 4 * 256 * 128 + 1024;
+/// Dynamic shared memory of the 128×128 warpgroup kernels (`_wg_big`,
+/// `_wg_tma_big`): `gemm::wshared_bytes_sw`, 4 stages of 256 rows × 128
+/// bytes of k, 1 KiB to align them to the swizzle's 1024-byte atoms, and
+/// the TMA kernels' four 8-byte stage barriers.
+pub(super) const WG_BIG_SHARED: u32 = 4 * 256 * 128 + 1024 + 32;
 /// Threads of a 128×128 warpgroup kernel's block (`gemm::WS_THREADS`): two
 /// warpgroups, one per 64 rows.
 pub(super) const WG_BIG_THREADS: u32 = 256;
@@ -527,19 +528,28 @@ mod tests {
             ("conv_backward_data_nhwc_t_tf32_slim", 9, 3 * 192 * 80),
             ("conv_forward_nhwc_tf32_wg", 9, 4 * 128 * 64),
             ("conv_forward_nhwc_tf32_wg_wide", 9, 4 * 192 * 64),
-            ("conv_forward_nhwc_tf32_wg_big", 5, 4 * 256 * 128 + 1024),
+            (
+                "conv_forward_nhwc_tf32_wg_big",
+                5,
+                4 * 256 * 128 + 1024 + 32,
+            ),
+            (
+                "conv_forward_nhwc16_bf16_wg_tma_big",
+                5,
+                4 * 256 * 128 + 1024 + 32,
+            ),
             ("conv_forward_nhwc16_bf16_wg_long", 5, 4 * 192 * 64),
         ] {
             let cfg = vec_cfg(grid, name);
             assert_eq!(cfg.grid_dim, (gx, 2, 3), "{name}");
-            let threads = if name.ends_with("_wg_big") {
+            let threads = if name.ends_with("_big") && name.contains("_wg") {
                 WG_BIG_THREADS
             } else {
                 128
             };
             assert_eq!(cfg.block_dim, (threads, 1, 1), "{name}");
             assert_eq!(cfg.shared_mem_bytes, bytes, "{name}");
-            let allowed = if name.ends_with("_wg_big") {
+            let allowed = if name.ends_with("_big") && name.contains("_wg") {
                 WG_BIG_SHARED
             } else {
                 VEC_SHARED_MAX as u32

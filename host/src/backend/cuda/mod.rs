@@ -32,6 +32,7 @@ mod optimizer;
 pub use optimizer::SgdTable;
 mod pool;
 mod profile;
+mod tma;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -216,6 +217,8 @@ const WG_KERNELS: &[&str] = &[
     "conv_forward_rows16_bf16_wg_long",
     "fc_forward_vec_h16_bf16_wg",
     "fc_forward_vec_h16_bf16_wg_wide",
+    "conv_forward_nhwc_tf32_wg_tma_big",
+    "conv_forward_nhwc16_bf16_wg_tma_big",
 ];
 
 /// What `host devices` prints for one GPU.
@@ -380,6 +383,12 @@ pub struct CudaBackend {
     /// conv1's row-patch forward and the data gradients at batch 256 were
     /// slower with it, so they keep `mma.sync`.
     wg_big: bool,
+    /// Whether the `_wg_big` conv forwards whose shape allows it take their
+    /// twin fed by the tensor memory accelerator (`_wg_tma_big`; `tma.rs`):
+    /// on with `ALEXNET_TMA=1` (off by default until measured faster).
+    tma: bool,
+    /// The TMA kernels' tensor maps (`tma.rs`).
+    tma_maps: Mutex<tma::TmaMaps>,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
     scratch: [Mutex<Option<CudaSlice<f32>>>; 5],
@@ -554,6 +563,8 @@ impl CudaBackend {
             has_wgmma: hopper,
             wgmma: hopper && std::env::var("ALEXNET_WGMMA").is_ok_and(|v| v == "1"),
             wg_big: hopper && !std::env::var("ALEXNET_WG_BIG").is_ok_and(|v| v == "0"),
+            tma: hopper && std::env::var("ALEXNET_TMA").is_ok_and(|v| v == "1"),
+            tma_maps: Mutex::new(tma::TmaMaps::default()),
             scratch: Default::default(),
             step_values,
             capturing: AtomicBool::new(false),
@@ -774,6 +785,36 @@ impl CudaBackend {
     pub fn set_wg_big(&mut self, on: bool) {
         self.wg_big = on && self.has_wgmma;
         self.settings_changed();
+    }
+
+    /// Whether the conv forwards' 128×128 warpgroup kernels take their TMA
+    /// twins where the shape allows.
+    pub fn tma_enabled(&self) -> bool {
+        self.tma
+    }
+
+    /// Turns the TMA conv forwards on or off (where the GPU has them).
+    pub fn set_tma(&mut self, on: bool) {
+        self.tma = on && self.has_wgmma;
+        self.settings_changed();
+    }
+
+    /// The TMA twin of the 128×128 warpgroup conv forward `name` when it is
+    /// on and `g` fits it (`half`: bf16 operands), else `name`.
+    fn tma_twin(&self, name: &'static str, g: &ConvGeom, half: bool) -> &'static str {
+        let Some(base) = name.strip_suffix("_wg_big") else {
+            return name;
+        };
+        if !self.tma
+            || !base.starts_with("conv_forward_nhwc")
+            || tma::conv_forward_unfit(g, half).is_some()
+        {
+            return name;
+        }
+        let twin = format!("{base}_wg_tma_big");
+        self.funcs
+            .get_key_value(twin.as_str())
+            .map_or(name, |(k, _)| *k)
     }
 
     /// Chooses the GEMM engine's tile height (see [`GemmTiles`]).

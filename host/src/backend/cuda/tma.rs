@@ -1,0 +1,244 @@
+//! Tensor maps for the kernels whose operands the tensor memory accelerator
+//! (TMA, Hopper) fetches: the channels-last conv forwards `*_tma`
+//! (`gpu_kernels::conv::conv_forward_tma`).
+//!
+//! A tensor map is a 128-byte descriptor the driver encodes on the host
+//! (`cuTensorMapEncodeTiled` / `cuTensorMapEncodeIm2col`, no GPU work). The
+//! kernels read theirs from device memory: one 256-byte buffer per (shape,
+//! precision, x and weight addresses) holds the weights' map and x's, made
+//! and uploaded on first use and kept, so that a captured step graph, whose
+//! launches keep the buffer's address, stays valid. Adding a map while a
+//! graph is captured is an error (a step runs eagerly before its capture,
+//! which makes them); past [`MAX_MAPS`] buffers the set starts again, which
+//! makes the captured graphs stale (`graph.rs`).
+
+use std::collections::HashMap;
+
+use anyhow::{Result, bail};
+use cudarc::driver::{CudaSlice, DevicePtr, sys};
+
+use super::CudaBackend;
+use crate::backend::ConvGeom;
+
+/// Buffers of maps kept at most (a model's conv layers need one each; tests
+/// and the autotune make more).
+const MAX_MAPS: usize = 256;
+
+/// What a conv forward's maps depend on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct MapKey {
+    geom: ConvGeom,
+    half: bool,
+    x: u64,
+    wt: u64,
+}
+
+/// The kept map buffers, by what they encode.
+#[derive(Default)]
+pub(super) struct TmaMaps {
+    bufs: HashMap<MapKey, CudaSlice<u8>>,
+}
+
+/// Bytes per element of the TMA operands: bf16 or fp32 (TF32-rounded).
+fn elem(half: bool) -> usize {
+    if half { 2 } else { 4 }
+}
+
+/// Why `g` cannot run on the TMA conv forward in this precision (`None`:
+/// it can). A K tile is one tap's 128 bytes of a group's channels, and
+/// the im2col map's corners and strides have hardware limits.
+pub(super) fn conv_forward_unfit(g: &ConvGeom, half: bool) -> Option<&'static str> {
+    let cg = g.c_in / g.groups;
+    if cg * elem(half) % 128 != 0 {
+        Some("a group's channels are not a multiple of 128 bytes")
+    } else if g.pad > 127 || g.k_h.max(g.k_w) > 256 || g.k_h.max(g.k_w) > g.pad + 129 {
+        // The corners −pad and pad − (K − 1) lie in −128..=127; the taps'
+        // offsets below 256.
+        Some("padding or filter size past the im2col map's limits")
+    } else if g.stride > 8 {
+        Some("stride above 8")
+    } else if (g.n * g.h * g.w * g.c_in) as u64 * elem(half) as u64 >= 1 << 40 {
+        Some("x too large for a tensor map")
+    } else {
+        None
+    }
+}
+
+fn encode_err(what: &str, g: &ConvGeom, r: sys::CUresult) -> anyhow::Error {
+    anyhow::anyhow!("encoding the TMA {what} map for {g:?} failed: {r:?}")
+}
+
+/// The weights `[F][KH·KW·Cg]` as a 2-D map with 128 × 128-byte boxes.
+fn weights_map(g: &ConvGeom, wt: u64, half: bool) -> Result<sys::CUtensorMap> {
+    let e = elem(half);
+    let k_len = g.k_h * g.k_w * g.c_in / g.groups;
+    let dims = [k_len as u64, g.c_out as u64];
+    let strides = [(k_len * e) as u64];
+    let boxes = [(128 / e) as u32, 128];
+    let ones = [1u32, 1];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: every array has the rank's length (strides one less); the
+    // driver only encodes, reading nothing at `wt`.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            data_type(half),
+            2,
+            wt as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            ones.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(encode_err("weights", g, r));
+    }
+    // SAFETY: encoded above.
+    Ok(unsafe { map.assume_init() })
+}
+
+/// x `[N][H][W][C]` as an im2col map: boxes of 128 consecutive windows
+/// (w fastest, then h, then the image) × 128 bytes of channels, window
+/// corners from `−pad` to `pad − (K − 1)` past the far edge, stepped by the
+/// stride, so that the windows are the output pixels in order.
+fn patches_map(g: &ConvGeom, x: u64, half: bool) -> Result<sys::CUtensorMap> {
+    let e = elem(half);
+    let (c, w, h, n) = (g.c_in as u64, g.w as u64, g.h as u64, g.n as u64);
+    let dims = [c, w, h, n];
+    let strides = [c * e as u64, w * c * e as u64, h * w * c * e as u64];
+    let pad = g.pad as i32;
+    let lower = [-pad, -pad];
+    let upper = [pad - (g.k_w as i32 - 1), pad - (g.k_h as i32 - 1)];
+    let steps = [1u32, g.stride as u32, g.stride as u32, 1];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: as in `weights_map`.
+    let r = unsafe {
+        sys::cuTensorMapEncodeIm2col(
+            map.as_mut_ptr(),
+            data_type(half),
+            4,
+            x as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            lower.as_ptr(),
+            upper.as_ptr(),
+            (128 / e) as u32,
+            128,
+            steps.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(encode_err("x im2col", g, r));
+    }
+    // SAFETY: encoded above.
+    Ok(unsafe { map.assume_init() })
+}
+
+/// Raw bits: bf16, or fp32 (the TF32 kernels read TF32-rounded values as
+/// they are, like their `cp.async` twins).
+fn data_type(half: bool) -> sys::CUtensorMapDataType {
+    if half {
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    } else {
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+    }
+}
+
+impl CudaBackend {
+    /// The device address of the conv forward's two tensor maps (weights,
+    /// then x) for NHWC `x` and `[F][KH][KW][Cg]` `wt`, made on first use.
+    pub(super) fn conv_forward_maps(
+        &self,
+        g: &ConvGeom,
+        x: &CudaSlice<f32>,
+        wt: &CudaSlice<f32>,
+        half: bool,
+    ) -> Result<u64> {
+        let (xa, wa) = (x.device_ptr(&self.stream).0, wt.device_ptr(&self.stream).0);
+        if xa % 16 != 0 || wa % 16 != 0 {
+            bail!(
+                "the TMA conv forward needs 16-byte aligned x and weights ({xa:#x}, {wa:#x}) for {g:?}"
+            );
+        }
+        let key = MapKey {
+            geom: *g,
+            half,
+            x: xa,
+            wt: wa,
+        };
+        let mut maps = self.tma_maps.lock().unwrap();
+        if let Some(b) = maps.bufs.get(&key) {
+            return Ok(b.device_ptr(&self.stream).0);
+        }
+        if maps.bufs.len() >= MAX_MAPS {
+            self.before_replacing("TMA tensor maps", MAX_MAPS * 256)?;
+            maps.bufs.clear();
+        } else if self.capturing.load(std::sync::atomic::Ordering::SeqCst) {
+            bail!(
+                "a TMA tensor map for {g:?} would be made while capturing a CUDA graph; run the same step once eagerly first"
+            );
+        }
+        let both = [weights_map(g, wa, half)?, patches_map(g, xa, half)?];
+        // SAFETY: two `repr(C)` arrays of 16 u64, 256 bytes without padding.
+        let bytes: &[u8] = unsafe { std::slice::from_raw_parts(both.as_ptr().cast::<u8>(), 256) };
+        let buf = self.stream.clone_htod(bytes).map_err(super::gpu_err)?;
+        let at = buf.device_ptr(&self.stream).0;
+        maps.bufs.insert(key, buf);
+        Ok(at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::conv_forward_unfit;
+    use crate::backend::ConvGeom;
+
+    fn geom(
+        c_in: usize,
+        c_out: usize,
+        k: usize,
+        stride: usize,
+        pad: usize,
+        groups: usize,
+    ) -> ConvGeom {
+        ConvGeom {
+            n: 128,
+            c_in,
+            h: 13,
+            w: 13,
+            c_out,
+            k_h: k,
+            k_w: k,
+            stride,
+            pad,
+            groups,
+        }
+    }
+
+    /// AlexNet's conv3–5 take the TMA forward in TF32 and bf16 (their
+    /// groups' 256 and 192 channels are whole 128-byte K tiles); conv1 (3
+    /// channels) and conv2 (48 a group) do not, nor does a stride past 8.
+    #[test]
+    fn tma_forward_fits_alexnet_conv3_to_5() {
+        for half in [false, true] {
+            assert_eq!(conv_forward_unfit(&geom(256, 384, 3, 1, 1, 1), half), None);
+            assert_eq!(conv_forward_unfit(&geom(384, 384, 3, 1, 1, 2), half), None);
+            assert_eq!(conv_forward_unfit(&geom(384, 256, 3, 1, 1, 2), half), None);
+            assert!(conv_forward_unfit(&geom(3, 96, 11, 4, 2, 1), half).is_some());
+            assert!(conv_forward_unfit(&geom(96, 256, 5, 1, 2, 2), half).is_some());
+            assert!(conv_forward_unfit(&geom(256, 256, 3, 9, 1, 1), half).is_some());
+        }
+        // 32 channels a group: one TF32 K tile, half a bf16 one.
+        assert_eq!(conv_forward_unfit(&geom(64, 64, 3, 1, 1, 2), false), None);
+        assert!(conv_forward_unfit(&geom(64, 64, 3, 1, 1, 2), true).is_some());
+    }
+}
