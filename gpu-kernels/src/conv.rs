@@ -1073,31 +1073,51 @@ impl ConvTma {
     }
 }
 
+/// Where [`ConvTma`]'s next K tile starts: tap (kh, kw), channel c of the
+/// group, and k.
+#[cfg(feature = "wgmma")]
+struct TmaCursor {
+    kh: u32,
+    kw: u32,
+    c: u32,
+    k: u32,
+}
+
 #[cfg(feature = "wgmma")]
 impl crate::gemm::TmaTiles for ConvTma {
+    type Cursor = TmaCursor;
     #[inline(always)]
-    unsafe fn prepare(&self) {
+    unsafe fn prepare(&self) -> TmaCursor {
         use crate::device::tma_map_acquire;
         unsafe {
             tma_map_acquire(self.maps);
             tma_map_acquire(self.maps.add(128));
         }
+        TmaCursor { kh: 0, kw: 0, c: 0, k: 0 }
     }
     #[inline(always)]
     fn tiles(&self) -> u32 {
         (self.s.cg() * self.s.kk()).div_ceil(self.bk)
     }
     #[inline(always)]
-    unsafe fn load(&self, t: u32, a: u32, b: u32, bar: u32) {
+    unsafe fn load(&self, t: &mut TmaCursor, a: u32, b: u32, bar: u32) {
         use crate::device::{tma_im2col_4d, tma_tile_2d};
-        let (s, k0) = (&self.s, t * self.bk);
-        let (tap, c0) = (k0 / s.cg(), k0 % s.cg());
-        let (kh, kw) = (tap / s.kw, tap % s.kw);
+        let s = &self.s;
         unsafe {
-            tma_tile_2d(a, self.maps, k0 as i32, self.row as i32, bar);
-            let c = (self.g * s.cg() + c0) as i32;
+            tma_tile_2d(a, self.maps, t.k as i32, self.row as i32, bar);
+            let c = (self.g * s.cg() + t.c) as i32;
             let x = self.maps.add(128);
-            tma_im2col_4d(b, x, c, self.iw, self.ih, self.img as i32, kw as u16, kh as u16, bar);
+            tma_im2col_4d(b, x, c, self.iw, self.ih, self.img as i32, t.kw as u16, t.kh as u16, bar);
+        }
+        t.k += self.bk;
+        t.c += self.bk;
+        if t.c == s.cg() {
+            t.c = 0;
+            t.kw += 1;
+            if t.kw == s.kw {
+                t.kw = 0;
+                t.kh += 1;
+            }
         }
     }
 }

@@ -1409,15 +1409,19 @@ unsafe fn wg_products_sw<A: VecOperand, B: VecOperand, const HALF: bool>(
 }
 
 /// The operands of [`gemm_tile_tma`], fetched by the tensor memory
-/// accelerator: tile `t` (of [`TmaTiles::tiles`]) of A (the block's 128
-/// rows × 128 bytes of k) and of B (its 128 columns × the same k) into
-/// shared memory at `a` and `b`, 128-byte-swizzled, completing on the
-/// `mbarrier` at `bar` ([`WS_STAGE_BYTES`] in all, zeros outside the operands).
+/// accelerator: K tile after tile (of [`TmaTiles::tiles`]), A's (the
+/// block's 128 rows × 128 bytes of k) and B's (its 128 columns × the same
+/// k) into shared memory at `a` and `b`, 128-byte-swizzled, completing on
+/// the `mbarrier` at `bar` ([`WS_STAGE_BYTES`] in all, zeros outside the
+/// operands); the cursor names the next tile.
 pub trait TmaTiles {
-    /// Readies the tensor maps (thread 0, once, before the first load).
-    unsafe fn prepare(&self);
+    type Cursor;
+    /// Readies the tensor maps (thread 0, once, before the first load) and
+    /// gives a cursor at the first K tile.
+    unsafe fn prepare(&self) -> Self::Cursor;
     fn tiles(&self) -> u32;
-    unsafe fn load(&self, t: u32, a: u32, b: u32, bar: u32);
+    /// Loads the cursor's tile and moves the cursor to the next.
+    unsafe fn load(&self, c: &mut Self::Cursor, a: u32, b: u32, bar: u32);
 }
 
 /// The 128×128 tile of C at block (bid_x, bid_y) on two warpgroups (blocks
@@ -1436,25 +1440,27 @@ pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, const HALF: bool>(l: &L, e
     let bars = smem + WS_STAGES * WS_STAGE_BYTES;
     let b_off = 128 * WS_ROW;
     let tiles = l.tiles();
-    let fetch = |t: u32| {
+    // Thread 0's cursor: the next tile to fetch, in order.
+    let fetch = |c: &mut L::Cursor, t: u32| {
         let (stage, bar) = (smem + (t % WS_STAGES) * WS_STAGE_BYTES, bars + 8 * (t % WS_STAGES));
         unsafe {
             mbar_arrive_expect_tx(bar, WS_STAGE_BYTES);
-            l.load(t, stage, stage + b_off, bar);
+            l.load(c, stage, stage + b_off, bar);
         }
     };
+    let mut cursor = None;
     if tid == 0 {
         for s in 0..WS_STAGES {
             unsafe { mbar_init(bars + 8 * s, 1) };
         }
         mbar_init_fence();
-        unsafe { l.prepare() };
+        cursor = Some(unsafe { l.prepare() });
     }
     sync_threads();
-    if tid == 0 {
+    if let Some(c) = cursor.as_mut() {
         for t in 0..WS_STAGES - 2 {
             if t < tiles {
-                fetch(t);
+                fetch(c, t);
             }
         }
     }
@@ -1462,8 +1468,10 @@ pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, const HALF: bool>(l: &L, e
     for t in 0..tiles {
         // Every warp has waited for tile t − 2's `wgmma`s: its stage is free.
         sync_threads();
-        if tid == 0 && t + WS_STAGES - 2 < tiles {
-            fetch(t + WS_STAGES - 2);
+        if let Some(c) = cursor.as_mut()
+            && t + WS_STAGES - 2 < tiles
+        {
+            fetch(c, t + WS_STAGES - 2);
         }
         unsafe { mbar_wait(bars + 8 * (t % WS_STAGES), (t / WS_STAGES) % 2) };
         let stage = smem + (t % WS_STAGES) * WS_STAGE_BYTES;
