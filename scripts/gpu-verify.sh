@@ -79,20 +79,6 @@ for p in tf32 bf16; do
     r bench-$p-again 60 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   fi
 done
-if [ "${WG_BIG:-0}" = 1 ]; then
-  r conv_wg_big 120 .gpf/bin/gpu_ops conv_wg_big
-  for tool in memcheck racecheck; do
-    r wg-big-$tool 90 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool $tool --error-exitcode 1 .gpf/bin/gpu_ops conv_wg_big
-  done
-  # Every channels-last product, data gradients too, on the 128×128 warpgroup tiles.
-  r wg-big-forced 150 env ALEXNET_WGMMA=1 ALEXNET_GEMM_TILES=128 ALEXNET_BIG_TILES=1 .gpf/bin/gpu_ops conv_forward conv_backward_data
-  # The conv forwards alone, 128×128 tiles forced, on and off the warpgroup kernels.
-  r k-wg-big 90 env ALEXNET_BIG_TILES=1 ALEXNET_TRANSPOSED=0 .gpf/bin/kernels conv_forward
-  r k-no-wg-big 90 env ALEXNET_WG_BIG=0 ALEXNET_BIG_TILES=1 ALEXNET_TRANSPOSED=0 .gpf/bin/kernels conv_forward
-  for p in tf32 bf16; do
-    r bench-$p-no-wg-big 60 env ALEXNET_WG_BIG=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
-  done
-fi
 if [ "${TMA:-0}" = 1 ]; then
   # The TMA-fed 128×128 conv forwards: checks, sanitizers, then their speed.
   r conv_tma 150 .gpf/bin/gpu_ops conv_tma
@@ -105,6 +91,20 @@ if [ "${TMA:-0}" = 1 ]; then
     r bench-$p-tma 60 env ALEXNET_TMA=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
   r train-steps-tma 120 env ALEXNET_TMA=1 .gpf/bin/gpu_ops train_steps
+fi
+if [ "${WG_BIG:-0}" = 1 ]; then
+  r conv_wg_big 120 .gpf/bin/gpu_ops conv_wg_big
+  for tool in memcheck racecheck; do
+    r wg-big-$tool 90 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool $tool --error-exitcode 1 .gpf/bin/gpu_ops conv_wg_big
+  done
+  # Every channels-last product, data gradients too, on the 128×128 warpgroup tiles.
+  r wg-big-forced 150 env ALEXNET_WGMMA=1 ALEXNET_GEMM_TILES=128 ALEXNET_BIG_TILES=1 .gpf/bin/gpu_ops conv_forward conv_backward_data
+  # The conv forwards alone, 128×128 tiles forced, on and off the warpgroup kernels.
+  [ "${TMA:-0}" = 1 ] || r k-wg-big 90 env ALEXNET_BIG_TILES=1 ALEXNET_TRANSPOSED=0 .gpf/bin/kernels conv_forward
+  r k-no-wg-big 90 env ALEXNET_WG_BIG=0 ALEXNET_BIG_TILES=1 ALEXNET_TRANSPOSED=0 .gpf/bin/kernels conv_forward
+  for p in tf32 bf16; do
+    r bench-$p-no-wg-big 60 env ALEXNET_WG_BIG=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
+  done
 fi
 if [ "${TRAIN:-1}" = 1 ]; then
   # Two epochs: the synthetic set is made in the first, kept for the second.
