@@ -852,29 +852,21 @@ fn conv_wg_big(c: &mut Ctx) -> Result<()> {
     'all: for p in [Precision::Tf32, Precision::Bf16] {
         c.gpu.set_precision(p)?;
         for (case, g) in &cases {
-            let (hx, hw, hb) = (
-                c.randn(g.x_len(), 1.0),
-                c.randn(g.w_len(), 0.1),
-                c.randn(g.c_out, 0.1),
-            );
-            let (x, w, b) = (c.gpu.upload(&hx)?, c.gpu.upload(&hw)?, c.gpu.upload(&hb)?);
-            let mut outs: Vec<(String, Vec<f32>)> = Vec::new();
-            for on in [true, false] {
-                c.gpu.set_wg_big(on);
-                let gpu = &c.gpu;
-                let run = gpu.for_each_conv_candidate(g, "forward", |name| {
-                    let mut y = gpu.poisoned(g.y_len())?;
-                    gpu.conv_forward(g, &x, &w, &b, &mut y)?;
-                    if !outs.iter().any(|(n, _)| n == name) {
-                        outs.push((name.to_string(), gpu.download(&y)?));
-                    }
-                    Ok(())
-                });
-                if let Err(e) = run {
+            let (hx, hw, hb) = forward_operands(c, g);
+            let outs = match forward_by_kernel(
+                c,
+                g,
+                (&hx, &hw, &hb),
+                CudaBackend::set_wg_big,
+                [true, false],
+                |_| true,
+            ) {
+                Ok(outs) => outs,
+                Err(e) => {
                     result = Err(e);
                     break 'all;
                 }
-            }
+            };
             let names: Vec<&str> = outs.iter().map(|(n, _)| n.as_str()).collect();
             println!("  {case} {p:?}: {}", names.join(", "));
             c.check_true(
@@ -959,29 +951,22 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
     'all: for p in [Precision::Tf32, Precision::Bf16] {
         c.gpu.set_precision(p)?;
         for (case, g) in &cases {
-            let (hx, hw, hb) = (
-                c.randn(g.x_len(), 1.0),
-                c.randn(g.w_len(), 0.1),
-                c.randn(g.c_out, 0.1),
-            );
-            let (x, w, b) = (c.gpu.upload(&hx)?, c.gpu.upload(&hw)?, c.gpu.upload(&hb)?);
-            let mut outs: Vec<(String, Vec<f32>)> = Vec::new();
-            for on in [false, true] {
-                c.gpu.set_tma(on);
-                let gpu = &c.gpu;
-                let run = gpu.for_each_conv_candidate(g, "forward", |name| {
-                    if name.ends_with("_wg_big") || name.ends_with("_wg_tma_big") {
-                        let mut y = gpu.poisoned(g.y_len())?;
-                        gpu.conv_forward(g, &x, &w, &b, &mut y)?;
-                        outs.push((name.to_string(), gpu.download(&y)?));
-                    }
-                    Ok(())
-                });
-                if let Err(e) = run {
+            let (hx, hw, hb) = forward_operands(c, g);
+            let wg = |name: &str| name.ends_with("_wg_big") || name.ends_with("_wg_tma_big");
+            let outs = match forward_by_kernel(
+                c,
+                g,
+                (&hx, &hw, &hb),
+                CudaBackend::set_tma,
+                [false, true],
+                wg,
+            ) {
+                Ok(outs) => outs,
+                Err(e) => {
                     result = Err(e);
                     break 'all;
                 }
-            }
+            };
             let names: Vec<&str> = outs.iter().map(|(n, _)| n.as_str()).collect();
             println!("  {case} {p:?}: {}", names.join(", "));
             let plain = outs.iter().find(|(n, _)| n.ends_with("_wg_big"));
@@ -1018,6 +1003,43 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
     c.gpu.set_big_tiles(big);
     c.gpu.set_precision(Precision::Fp32)?;
     result
+}
+
+/// Random x, w and bias of a forward case (host copies).
+fn forward_operands(c: &mut Ctx, g: &ConvGeom) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    (
+        c.randn(g.x_len(), 1.0),
+        c.randn(g.w_len(), 0.1),
+        c.randn(g.c_out, 0.1),
+    )
+}
+
+/// The forward of `g` on `(x, w, bias)` under every autotune candidate,
+/// once with each value of a backend switch (`set`), into a poisoned y:
+/// the first output of each kernel whose name `want` accepts, in order.
+fn forward_by_kernel(
+    c: &mut Ctx,
+    g: &ConvGeom,
+    (hx, hw, hb): (&[f32], &[f32], &[f32]),
+    set: fn(&mut CudaBackend, bool),
+    values: [bool; 2],
+    want: fn(&str) -> bool,
+) -> Result<Vec<(String, Vec<f32>)>> {
+    let (x, w, b) = (c.gpu.upload(hx)?, c.gpu.upload(hw)?, c.gpu.upload(hb)?);
+    let mut outs: Vec<(String, Vec<f32>)> = Vec::new();
+    for on in values {
+        set(&mut c.gpu, on);
+        let gpu = &c.gpu;
+        gpu.for_each_conv_candidate(g, "forward", |name| {
+            if want(name) && !outs.iter().any(|(n, _)| n == name) {
+                let mut y = gpu.poisoned(g.y_len())?;
+                gpu.conv_forward(g, &x, &w, &b, &mut y)?;
+                outs.push((name.to_string(), gpu.download(&y)?));
+            }
+            Ok(())
+        })?;
+    }
+    Ok(outs)
 }
 
 fn conv_ref(c: &mut Ctx, g: &ConvGeom) -> Result<ConvRef> {

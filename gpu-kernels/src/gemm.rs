@@ -1316,6 +1316,19 @@ unsafe fn ws_copy<A: VecOperand, B: VecOperand>(
     });
 }
 
+/// One K tile of a swizzled stage into `acc`: the four `wgmma` k-steps of
+/// the warpgroup's 64 rows at `a` (A) and the 128 columns at `b` (B), in one
+/// group; then waits for the group before (so the tile before it is read).
+#[inline(always)]
+fn ws_mma<const HALF: bool>(acc: &mut [f32; 64], a: u32, b: u32) {
+    wgmma_fence();
+    for s in 0..4u32 {
+        unsafe { wgmma::<HALF, 128>(acc, wg_desc_sw128(a + 32 * s), wg_desc_sw128(b + 32 * s)) };
+    }
+    wgmma_commit();
+    wgmma_wait::<1>();
+}
+
 /// The products of [`gemm_tile_wg`] for 128×128 tiles on 128-byte-swizzled
 /// stages, in blocks of [`WS_THREADS`] (two warpgroups): warpgroup h issues
 /// the `wgmma`s of rows `64h..64h+64` and returns their accumulator. Row
@@ -1394,13 +1407,7 @@ unsafe fn wg_products_sw<A: VecOperand, B: VecOperand, const HALF: bool>(
         cp_async_commit();
 
         let stage = smem + (t % WS_STAGES) * WS_STAGE_BYTES;
-        let (a_s, b_s) = (stage + 64 * h * WS_ROW, stage + b_off);
-        wgmma_fence();
-        for s in 0..4u32 {
-            unsafe { wgmma::<HALF, 128>(&mut acc, wg_desc_sw128(a_s + 32 * s), wg_desc_sw128(b_s + 32 * s)) };
-        }
-        wgmma_commit();
-        wgmma_wait::<1>();
+        ws_mma::<HALF>(&mut acc, stage + 64 * h * WS_ROW, stage + b_off);
     }
     wgmma_wait::<0>();
     cp_async_wait::<0>();
@@ -1475,13 +1482,7 @@ pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, const HALF: bool>(l: &L, e
         }
         unsafe { mbar_wait(bars + 8 * (t % WS_STAGES), (t / WS_STAGES) % 2) };
         let stage = smem + (t % WS_STAGES) * WS_STAGE_BYTES;
-        let (a_s, b_s) = (stage + 64 * h * WS_ROW, stage + b_off);
-        wgmma_fence();
-        for s in 0..4u32 {
-            unsafe { wgmma::<HALF, 128>(&mut acc, wg_desc_sw128(a_s + 32 * s), wg_desc_sw128(b_s + 32 * s)) };
-        }
-        wgmma_commit();
-        wgmma_wait::<1>();
+        ws_mma::<HALF>(&mut acc, stage + 64 * h * WS_ROW, stage + b_off);
     }
     wgmma_wait::<0>();
     wgmma_hold::<128>(&mut acc);

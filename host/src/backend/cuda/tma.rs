@@ -49,7 +49,7 @@ fn elem(half: bool) -> usize {
 /// the im2col map's corners and strides have hardware limits.
 pub(super) fn conv_forward_unfit(g: &ConvGeom, half: bool) -> Option<&'static str> {
     let cg = g.c_in / g.groups;
-    if cg * elem(half) % 128 != 0 {
+    if !(cg * elem(half)).is_multiple_of(128) {
         Some("a group's channels are not a multiple of 128 bytes")
     } else if g.pad > 127 || g.k_h.max(g.k_w) > 256 || g.k_h.max(g.k_w) > g.pad + 129 {
         // The corners −pad and pad − (K − 1) lie in −128..=127; the taps'
@@ -164,7 +164,7 @@ impl CudaBackend {
         half: bool,
     ) -> Result<u64> {
         let (xa, wa) = (x.device_ptr(&self.stream).0, wt.device_ptr(&self.stream).0);
-        if xa % 16 != 0 || wa % 16 != 0 {
+        if !xa.is_multiple_of(16) || !wa.is_multiple_of(16) {
             bail!(
                 "the TMA conv forward needs 16-byte aligned x and weights ({xa:#x}, {wa:#x}) for {g:?}"
             );
