@@ -18,8 +18,9 @@
 # conv_backward_data with every channels-last product on those tiles) and
 # `kernels conv_forward` and host bench with ALEXNET_WG_BIG=0 (to compare
 # with the default); TMA=1 the TMA-fed conv forwards' (gpu_ops conv_tma,
-# under memcheck and racecheck too, `kernels conv_forward`, host bench and
-# gpu_ops train_steps with ALEXNET_TMA=1). Steps that
+# under memcheck and racecheck too; `kernels conv_forward` as the step runs
+# it and with 128×128 tiles forced, on and off TMA; host bench with
+# ALEXNET_TMA=0). Steps that
 # would pass $DEADLINE s are skipped (and say so).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -80,17 +81,18 @@ for p in tf32 bf16; do
   fi
 done
 if [ "${TMA:-0}" = 1 ]; then
-  # The TMA-fed 128×128 conv forwards: checks, sanitizers, then their speed.
+  # The TMA-fed 128×128 conv forwards (on by default): checks, sanitizers,
+  # then their speed against ALEXNET_TMA=0.
   r conv_tma 150 .gpf/bin/gpu_ops conv_tma
   for tool in memcheck racecheck; do
     r tma-$tool 120 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool $tool --error-exitcode 1 .gpf/bin/gpu_ops conv_tma
   done
-  r k-tma 90 env ALEXNET_TMA=1 ALEXNET_BIG_TILES=1 ALEXNET_TRANSPOSED=0 .gpf/bin/kernels conv_forward
-  r k-no-tma 90 env ALEXNET_BIG_TILES=1 ALEXNET_TRANSPOSED=0 .gpf/bin/kernels conv_forward
+  r k-default 90 .gpf/bin/kernels conv_forward
+  r k-tma 90 env ALEXNET_BIG_TILES=1 ALEXNET_TRANSPOSED=0 .gpf/bin/kernels conv_forward
+  r k-no-tma 90 env ALEXNET_TMA=0 ALEXNET_BIG_TILES=1 ALEXNET_TRANSPOSED=0 .gpf/bin/kernels conv_forward
   for p in tf32 bf16; do
-    r bench-$p-tma 60 env ALEXNET_TMA=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
+    r bench-$p-no-tma 60 env ALEXNET_TMA=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
-  r train-steps-tma 120 env ALEXNET_TMA=1 .gpf/bin/gpu_ops train_steps
 fi
 if [ "${WG_BIG:-0}" = 1 ]; then
   r conv_wg_big 120 .gpf/bin/gpu_ops conv_wg_big
@@ -120,7 +122,7 @@ if [ "${CUDNN_KERNELS:-1}" = 1 ] && python3 -c 'import torch' 2>/dev/null; then
   r cudnn-kernels 120 python3 benches/pytorch_reference.py --batch-size 128 --precision tf32 bf16 --layers --kernels --steps 10
 fi
 [ "${GPU_OPS_ALL:-1}" = 1 ] && r gpu_ops 330 .gpf/bin/gpu_ops
-grep -h "gpu_ops:\|ERROR SUMMARY\|RACECHECK SUMMARY" $L/gpu_ops*.log $L/memcheck.log $L/conv_wg_big.log $L/wg-big-*.log $L/conv_tma.log $L/tma-*.log $L/train-steps-tma.log >> $L/summary.log 2>/dev/null
+grep -h "gpu_ops:\|ERROR SUMMARY\|RACECHECK SUMMARY" $L/gpu_ops*.log $L/memcheck.log $L/conv_wg_big.log $L/wg-big-*.log $L/conv_tma.log $L/tma-*.log >> $L/summary.log 2>/dev/null
 grep -H "images/s\|arena" $L/bench-*.log | sed 's#.*/##' >> $L/summary.log
 grep -h "ten views\|centre crop" $L/fashion-bf16-test.log >> $L/summary.log 2>/dev/null
 cat $L/summary.log; pack

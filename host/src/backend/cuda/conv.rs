@@ -159,7 +159,15 @@ impl ForwardPlan {
 fn forward_plan(be: &CudaBackend, g: &ConvGeom) -> ForwardPlan {
     let k = be.knobs(Product::Forward, g);
     let (fg, pixels) = (g.c_out / g.groups, g.n * g.out_h() * g.out_w());
-    let (cfg, wide) = tiles(be, fg, pixels, g.groups);
+    // The TMA kernels' 128×128 tiles, where they fit, beat the others even
+    // where they pad the filters (conv4's 192 a group: 0.36 → 0.18 ms in
+    // TF32 on the H200, benches/NOTES.md), so they skip the tile heuristics.
+    let tma = be.tma_forward_fits(g) && k.big != Some(false) && k.transposed != Transposed::All;
+    let (cfg, wide) = if tma {
+        (grid(fg, pixels, g.groups, true), true)
+    } else {
+        tiles(be, fg, pixels, g.groups)
+    };
     if let Some((name, half, rw)) = row_path(be, k, g, "conv_forward", wide, Some(cfg.grid_dim)) {
         let cfg = vec_cfg(cfg, name);
         let plan = VecPlan { name, half, cfg };
@@ -167,11 +175,11 @@ fn forward_plan(be: &CudaBackend, g: &ConvGeom) -> ForwardPlan {
     }
     let cg = g.c_in / g.groups;
     let fits = [cg.is_multiple_of(4), cg.is_multiple_of(8)];
-    if let Some(plan) = transposed(be, k, "conv_forward_nhwc", fg, pixels, g.groups, fits) {
+    if !tma && let Some(plan) = transposed(be, k, "conv_forward_nhwc", fg, pixels, g.groups, fits) {
         return ForwardPlan::Vec(plan);
     }
-    if let Some((name, half)) = channels_last(be, k, "conv_forward", fits, wide, Some(cfg.grid_dim))
-    {
+    let grid = (!tma).then_some(cfg.grid_dim);
+    if let Some((name, half)) = channels_last(be, k, "conv_forward", fits, wide, grid) {
         let name = be.tma_twin(name, g, half);
         let cfg = vec_cfg(cfg, name);
         return ForwardPlan::Vec(VecPlan { name, half, cfg });

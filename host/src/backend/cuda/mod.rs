@@ -383,9 +383,13 @@ pub struct CudaBackend {
     /// conv1's row-patch forward and the data gradients at batch 256 were
     /// slower with it, so they keep `mma.sync`.
     wg_big: bool,
-    /// Whether the `_wg_big` conv forwards whose shape allows it take their
-    /// twin fed by the tensor memory accelerator (`_wg_tma_big`; `tma.rs`):
-    /// on with `ALEXNET_TMA=1` (off by default until measured faster).
+    /// Whether the channels-last conv forwards whose shape allows it run
+    /// on the 128×128 warpgroup kernels fed by the tensor memory
+    /// accelerator (`_wg_tma_big`; `tma.rs`): on by default on Hopper
+    /// (`ALEXNET_TMA=0` turns it off). Bit-identical to the `_wg_big`
+    /// kernels (`gpu_ops conv_tma`); conv3–5 forwards 14–20% faster than
+    /// theirs on the H200, and conv4's about twice as fast as before,
+    /// when it padded no filters with 64-row tiles (benches/NOTES.md).
     tma: bool,
     /// The TMA kernels' tensor maps (`tma.rs`).
     tma_maps: Mutex<tma::TmaMaps>,
@@ -563,7 +567,7 @@ impl CudaBackend {
             has_wgmma: hopper,
             wgmma: hopper && std::env::var("ALEXNET_WGMMA").is_ok_and(|v| v == "1"),
             wg_big: hopper && !std::env::var("ALEXNET_WG_BIG").is_ok_and(|v| v == "0"),
-            tma: hopper && std::env::var("ALEXNET_TMA").is_ok_and(|v| v == "1"),
+            tma: hopper && !std::env::var("ALEXNET_TMA").is_ok_and(|v| v == "0"),
             tma_maps: Mutex::new(tma::TmaMaps::default()),
             scratch: Default::default(),
             step_values,
@@ -797,6 +801,24 @@ impl CudaBackend {
     pub fn set_tma(&mut self, on: bool) {
         self.tma = on && self.has_wgmma;
         self.settings_changed();
+    }
+
+    /// Whether the forward of `g` would run on a TMA kernel given 128×128
+    /// tiles: TMA on, the channels-last TF32 or bf16-copy products (the
+    /// 128×128 `_wg_big` kernels' precisions), 128-row tiles not ruled out,
+    /// and a shape the kernel takes.
+    fn tma_forward_fits(&self, g: &ConvGeom) -> bool {
+        use crate::config::Precision;
+        let half = match self.precision {
+            Precision::Tf32 => false,
+            Precision::Bf16 if self.operand_copies => true,
+            _ => return false,
+        };
+        self.tma
+            && self.vec_engine
+            && (self.wg_big || self.wgmma)
+            && self.gemm_tiles != GemmTiles::Narrow
+            && tma::conv_forward_unfit(g, half).is_none()
     }
 
     /// The TMA twin of the 128×128 warpgroup conv forward `name` when it is
