@@ -20,7 +20,7 @@
 # with the default); TMA=1 the TMA-fed conv forwards' (gpu_ops conv_tma,
 # under memcheck and racecheck too; `kernels conv_forward` as the step runs
 # it and with 128×128 tiles forced, on and off TMA; host bench with
-# ALEXNET_TMA=0). Steps that
+# ALEXNET_TMA=0; the data gradients' with ALEXNET_TMA_DATA=1). Steps that
 # would pass $DEADLINE s are skipped (and say so).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -92,6 +92,12 @@ if [ "${TMA:-0}" = 1 ]; then
   r k-no-tma 90 env ALEXNET_TMA=0 ALEXNET_BIG_TILES=1 ALEXNET_TRANSPOSED=0 .gpf/bin/kernels conv_forward
   for p in tf32 bf16; do
     r bench-$p-no-tma 60 env ALEXNET_TMA=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
+  done
+  # The TMA data gradients (opt-in): their speed and the step with them.
+  r k-data 90 .gpf/bin/kernels conv_backward_data
+  r k-tma-data 90 env ALEXNET_TMA_DATA=1 .gpf/bin/kernels conv_backward_data
+  for p in tf32 bf16; do
+    r bench-$p-tma-data 60 env ALEXNET_TMA_DATA=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
 fi
 if [ "${WG_BIG:-0}" = 1 ]; then

@@ -853,9 +853,10 @@ fn conv_wg_big(c: &mut Ctx) -> Result<()> {
         c.gpu.set_precision(p)?;
         for (case, g) in &cases {
             let (hx, hw, hb) = forward_operands(c, g);
-            let outs = match forward_by_kernel(
+            let outs = match outputs_by_kernel(
                 c,
                 g,
+                "forward",
                 (&hx, &hw, &hb),
                 CudaBackend::set_wg_big,
                 [true, false],
@@ -916,9 +917,12 @@ fn conv_wg_big(c: &mut Ctx) -> Result<()> {
 /// batch 128 (conv4: 192 filters a group, so a 128-row tile reads the next
 /// group's filters, which must not show), a rectangular filter on a
 /// rectangular image (the im2col map's corners per axis), stride 2, batch
-/// 1, and partial tiles of filters and pixels; the last three also under
-/// `ALEXNET_TEST_SMALL` (for the sanitizers). Off Hopper it says SKIPPED
-/// and checks nothing.
+/// 1, and partial tiles of filters and pixels; the small ones also under
+/// `ALEXNET_TEST_SMALL` (for the sanitizers). Then the data gradients of
+/// the stride-1 cases whose groups have whole 128-byte tiles of filters on
+/// their TMA kernels (`ALEXNET_TMA_DATA`) against the warpgroup engine's
+/// `cp.async` 128×128 kernels, bit for bit, and the CPU reference. Off
+/// Hopper it says SKIPPED and checks nothing.
 fn conv_tma(c: &mut Ctx) -> Result<()> {
     let test = "conv_tma";
     if !c.gpu.has_wgmma() {
@@ -935,6 +939,14 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
         ("alexnet conv3 b128", g(128, 256, 13, 13, 384, 3, 1, 1, 1)),
         ("alexnet conv4 b128", g(128, 384, 13, 13, 384, 3, 1, 1, 2)),
         ("rect 3x5 pad 2 g2 f200 b3", rect),
+        (
+            "rect 3x5 pad 1 g2 f256 b3",
+            ConvGeom {
+                pad: 1,
+                c_out: 256,
+                ..rect
+            },
+        ),
         ("stride 2 b5 f72", g(5, 64, 15, 15, 72, 3, 2, 1, 1)),
         ("b1 conv5", g(1, 384, 13, 13, 256, 3, 1, 1, 2)),
     ]);
@@ -953,9 +965,10 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
         for (case, g) in &cases {
             let (hx, hw, hb) = forward_operands(c, g);
             let wg = |name: &str| name.ends_with("_wg_big") || name.ends_with("_wg_tma_big");
-            let outs = match forward_by_kernel(
+            let outs = match outputs_by_kernel(
                 c,
                 g,
+                "forward",
                 (&hx, &hw, &hb),
                 CudaBackend::set_tma,
                 [false, true],
@@ -997,6 +1010,71 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
             );
         }
     }
+    // The data gradients (stride 1) on the TMA kernels against the
+    // warpgroup engine's `cp.async` 128×128 ones (`ALEXNET_WGMMA`'s), which
+    // sum in the same order, and against the CPU reference.
+    let (wgmma, tma_data) = (c.gpu.wgmma_enabled(), c.gpu.tma_data_enabled());
+    c.gpu.set_wgmma(true);
+    'data: for p in [Precision::Tf32, Precision::Bf16] {
+        if result.is_err() {
+            break;
+        }
+        c.gpu.set_precision(p)?;
+        // Where the data gradient fits the TMA kernel: stride 1, whole
+        // 128-byte K tiles of a group's filters.
+        let data_cases = cases
+            .iter()
+            .filter(|(_, g)| g.stride == 1 && (g.c_out / g.groups) % 64 == 0);
+        for (case, g) in data_cases {
+            let (hdy, hw) = (c.randn(g.y_len(), 1.0), c.randn(g.w_len(), 0.1));
+            let wg = |name: &str| name.ends_with("_wg_big") || name.ends_with("_wg_tma_big");
+            let outs = match outputs_by_kernel(
+                c,
+                g,
+                "data",
+                (&hdy, &hw, &[0.0]),
+                CudaBackend::set_tma_data,
+                [false, true],
+                wg,
+            ) {
+                Ok(outs) => outs,
+                Err(e) => {
+                    result = Err(e);
+                    break 'data;
+                }
+            };
+            let names: Vec<&str> = outs.iter().map(|(n, _)| n.as_str()).collect();
+            println!("  data gradient {case} {p:?}: {}", names.join(", "));
+            let plain = outs.iter().find(|(n, _)| n.ends_with("_wg_big"));
+            let fed = outs.iter().find(|(n, _)| n.ends_with("_wg_tma_big"));
+            c.check_true(
+                test,
+                &format!("data gradient {case} {p:?}: a _wg_big and a _wg_tma_big candidate"),
+                plain.is_some() && fed.is_some(),
+            );
+            let (Some((plain_name, want)), Some((fed_name, got))) = (plain, fed) else {
+                continue;
+            };
+            c.check_true(
+                test,
+                &format!("data gradient {case} {p:?}: {fed_name} bit-identical to {plain_name}"),
+                bits_equal(got, want),
+            );
+            let mut dx = vec![0.0; g.x_len()];
+            c.cpu.conv_backward_data(g, &hdy, &hw, &mut dx)?;
+            let (label, tol) = label_tol(c, p);
+            let got = got.clone();
+            c.check(
+                test,
+                &format!("data gradient {case}{label} {fed_name} vs CPU"),
+                &got,
+                &dx,
+                tol,
+            );
+        }
+    }
+    c.gpu.set_tma_data(tma_data);
+    c.gpu.set_wgmma(wgmma);
     c.gpu.set_wg_big(wg_big);
     c.gpu.set_tma(tma);
     c.gpu.set_gemm_tiles(GemmTiles::Auto);
@@ -1014,27 +1092,36 @@ fn forward_operands(c: &mut Ctx, g: &ConvGeom) -> (Vec<f32>, Vec<f32>, Vec<f32>)
     )
 }
 
-/// The forward of `g` on `(x, w, bias)` under every autotune candidate,
-/// once with each value of a backend switch (`set`), into a poisoned y:
-/// the first output of each kernel whose name `want` accepts, in order.
-fn forward_by_kernel(
+/// A product of `g` (`"forward"` on `(x, w, bias)`, or `"data"`, the data
+/// gradient, on `(dy, w, _)`) under every autotune candidate, once with each
+/// value of a backend switch (`set`), into a poisoned output: the first
+/// output of each kernel whose name `want` accepts, in order.
+fn outputs_by_kernel(
     c: &mut Ctx,
     g: &ConvGeom,
-    (hx, hw, hb): (&[f32], &[f32], &[f32]),
+    product: &str,
+    (h0, hw, hb): (&[f32], &[f32], &[f32]),
     set: fn(&mut CudaBackend, bool),
     values: [bool; 2],
     want: fn(&str) -> bool,
 ) -> Result<Vec<(String, Vec<f32>)>> {
-    let (x, w, b) = (c.gpu.upload(hx)?, c.gpu.upload(hw)?, c.gpu.upload(hb)?);
+    let (a, w, b) = (c.gpu.upload(h0)?, c.gpu.upload(hw)?, c.gpu.upload(hb)?);
     let mut outs: Vec<(String, Vec<f32>)> = Vec::new();
     for on in values {
         set(&mut c.gpu, on);
         let gpu = &c.gpu;
-        gpu.for_each_conv_candidate(g, "forward", |name| {
+        gpu.for_each_conv_candidate(g, product, |name| {
             if want(name) && !outs.iter().any(|(n, _)| n == name) {
-                let mut y = gpu.poisoned(g.y_len())?;
-                gpu.conv_forward(g, &x, &w, &b, &mut y)?;
-                outs.push((name.to_string(), gpu.download(&y)?));
+                let out = if product == "forward" {
+                    let mut y = gpu.poisoned(g.y_len())?;
+                    gpu.conv_forward(g, &a, &w, &b, &mut y)?;
+                    y
+                } else {
+                    let mut dx = gpu.poisoned(g.x_len())?;
+                    gpu.conv_backward_data(g, &a, &w, &mut dx)?;
+                    dx
+                };
+                outs.push((name.to_string(), gpu.download(&out)?));
             }
             Ok(())
         })?;

@@ -1032,31 +1032,41 @@ gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const 
 gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const f32, bias: *const f32, y: *mut f32) =>
     conv_forward_nhwc16_bf16_wg: WGMMA, 0; conv_forward_nhwc16_bf16_wg_wide: WGMMA, 1; conv_forward_nhwc16_bf16_wg_big: WGMMA, 2; conv_forward_nhwc16_bf16_wg_long: WGMMA, 3);
 
-/// The operands of a channels-last conv forward for the tensor memory
-/// accelerator: A, group g's filter rows, a 2-D tiled map of the `[F][KK·Cg]`
-/// weights at `maps`; B, the windows of x, an im2col map of the NHWC x at
-/// `maps + 128` whose boxes are 128 windows × one tap's `bk` channels. K
-/// tile t is tap `t·bk / Cg` (kh, kw), channels `t·bk mod Cg` onwards of
-/// the group: the order of k the other channels-last kernels use, which
-/// needs `Cg` to be a multiple of `bk` (32 TF32 or 64 bf16 values, 128 bytes).
+/// The operands of a channels-last conv product for the tensor memory
+/// accelerator. Forward: A, group g's filter rows, a 2-D tiled map of the
+/// `[F][KK·Cg]` weights at `maps`; B, the filter windows of x, an im2col
+/// map of the NHWC x at `maps + 128` whose boxes are 128 windows × one
+/// tap's `bk` channels. K tile t is tap `t·bk / Cg` (kh, kw), channels `t·bk
+/// mod Cg` onwards of the group: the order of k the other channels-last
+/// kernels use, which needs `Cg` to be a multiple of `bk` (32 TF32 or 64
+/// bf16 values, 128 bytes). Data gradient (stride 1): A, group g's rows of
+/// the `[G·Cg][KK·Fg]` weights; B, dy's windows around each input pixel
+/// (corner `(ih, iw) − (K − 1 − pad)`), tap (kh, kw) at offset
+/// `(K − 1 − kh, K − 1 − kw)`, i.e. dy at `(ih + pad − kh, iw + pad − kw)`,
+/// Fg in place of Cg.
 #[cfg(feature = "wgmma")]
 struct ConvTma {
     maps: *const u8,
     s: ConvShape,
     g: u32,
-    /// The block's first filter row (of all groups') and its first window's
-    /// image and top-left input corner.
+    /// The block's first row of A (of all groups'), its first window's
+    /// image and corner, and the group's first channel of B's tensor.
     row: u32,
     img: u32,
     ih: i32,
     iw: i32,
+    chan: u32,
+    /// Channels of B's tensor per group (Cg, or Fg for the data gradient).
+    chans: u32,
     bk: u32,
+    /// The data gradient's mirrored taps.
+    flip: bool,
 }
 
 #[cfg(feature = "wgmma")]
 impl ConvTma {
     #[inline(always)]
-    fn new(maps: *const u8, s: ConvShape, half: bool) -> Self {
+    fn forward(maps: *const u8, s: ConvShape, half: bool) -> Self {
         let g = bid_z();
         let p = bid_x() * 128;
         let (img, q) = (p / (s.oh * s.ow), p % (s.oh * s.ow));
@@ -1068,7 +1078,30 @@ impl ConvTma {
             img,
             ih: ((q / s.ow) * s.stride) as i32 - s.pad as i32,
             iw: ((q % s.ow) * s.stride) as i32 - s.pad as i32,
+            chan: g * s.cg(),
+            chans: s.cg(),
             bk: vbk(half) * 2,
+            flip: false,
+        }
+    }
+
+    #[inline(always)]
+    fn data(maps: *const u8, s: ConvShape, half: bool) -> Self {
+        let g = bid_z();
+        let p = bid_x() * 128;
+        let (img, q) = (p / (s.h * s.w), p % (s.h * s.w));
+        ConvTma {
+            maps,
+            s,
+            g,
+            row: g * s.cg() + bid_y() * 128,
+            img,
+            ih: (q / s.w) as i32 - (s.kh - 1 - s.pad) as i32,
+            iw: (q % s.w) as i32 - (s.kw - 1 - s.pad) as i32,
+            chan: g * s.fg(),
+            chans: s.fg(),
+            bk: vbk(half) * 2,
+            flip: true,
         }
     }
 }
@@ -1097,21 +1130,26 @@ impl crate::gemm::TmaTiles for ConvTma {
     }
     #[inline(always)]
     fn tiles(&self) -> u32 {
-        (self.s.cg() * self.s.kk()).div_ceil(self.bk)
+        (self.chans * self.s.kk()).div_ceil(self.bk)
     }
     #[inline(always)]
     unsafe fn load(&self, t: &mut TmaCursor, a: u32, b: u32, bar: u32) {
         use crate::device::{tma_im2col_4d, tma_tile_2d};
         let s = &self.s;
+        let (dh, dw) = if self.flip {
+            (s.kh - 1 - t.kh, s.kw - 1 - t.kw)
+        } else {
+            (t.kh, t.kw)
+        };
         unsafe {
             tma_tile_2d(a, self.maps, t.k as i32, self.row as i32, bar);
-            let c = (self.g * s.cg() + t.c) as i32;
+            let c = (self.chan + t.c) as i32;
             let x = self.maps.add(128);
-            tma_im2col_4d(b, x, c, self.iw, self.ih, self.img as i32, t.kw as u16, t.kh as u16, bar);
+            tma_im2col_4d(b, x, c, self.iw, self.ih, self.img as i32, dw as u16, dh as u16, bar);
         }
         t.k += self.bk;
         t.c += self.bk;
-        if t.c == s.cg() {
+        if t.c == self.chans {
             t.c = 0;
             t.kw += 1;
             if t.kw == s.kw {
@@ -1129,9 +1167,46 @@ impl crate::gemm::TmaTiles for ConvTma {
 /// G), `gemm::WS_THREADS` threads, `gemm::wshared_bytes_sw()` bytes.
 #[cfg(feature = "wgmma")]
 unsafe fn conv_forward_tma<const HALF: bool>(s: ConvShape, maps: *const u8, bias: *const f32, y: *mut f32) {
-    let l = ConvTma::new(maps, s, HALF);
+    let l = ConvTma::forward(maps, s, HALF);
     let e = StoreOutput { y, bias, s, g: l.g };
     unsafe { crate::gemm::gemm_tile_tma::<_, _, HALF>(&l, &e, s.fg(), s.n * s.oh * s.ow) };
+}
+
+/// Convolution data gradient (stride 1) as
+/// [`conv_backward_data_nhwc_any`]'s 128×128 warpgroup kernels, with both
+/// operands (the `[G][Cg][KH][KW][Fg]` weights, NHWC dy) fetched by the
+/// tensor memory accelerator ([`ConvTma::data`]). Grid (⌈N·H·W/128⌉,
+/// ⌈Cg/128⌉, G), `gemm::WS_THREADS` threads, `gemm::wshared_bytes_sw()`
+/// bytes.
+#[cfg(feature = "wgmma")]
+unsafe fn conv_backward_data_tma<const HALF: bool>(s: ConvShape, maps: *const u8, dx: *mut f32, mask: *const f32) {
+    let l = ConvTma::data(maps, s, HALF);
+    let e = StoreInputGrad { dx, mask, s, g: l.g };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, HALF>(&l, &e, s.cg(), s.n * s.h * s.w) };
+}
+
+/// [`conv_backward_data_tma`] in TF32 (dy and wt TF32-rounded fp32).
+#[cfg(feature = "wgmma")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_backward_data_nhwc_tf32_wg_tma_big(
+    s: ConvShape,
+    maps: *const u8,
+    dx: *mut f32,
+    mask: *const f32,
+) {
+    unsafe { conv_backward_data_tma::<false>(s, maps, dx, mask) }
+}
+
+/// [`conv_backward_data_tma`] in bf16 (dy and wt bf16).
+#[cfg(feature = "wgmma")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_backward_data_nhwc16_bf16_wg_tma_big(
+    s: ConvShape,
+    maps: *const u8,
+    dx: *mut f32,
+    mask: *const f32,
+) {
+    unsafe { conv_backward_data_tma::<true>(s, maps, dx, mask) }
 }
 
 /// [`conv_forward_tma`] in TF32 (x and wt TF32-rounded fp32, NHWC and

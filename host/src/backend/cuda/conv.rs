@@ -32,6 +32,7 @@
 
 use super::gemm::{VecTile, grid, tiles, vec_cfg};
 use super::layout::{Elem, TRANSPOSE_COLS, row_patches, transpose};
+use super::tma::TmaProduct;
 use super::{CudaBackend, DevBuf, Scratch, check_len, gemm_names, grid_1d, launch};
 use crate::backend::{ConvGeom, RowGeom, TunedKernel};
 use anyhow::Result;
@@ -118,7 +119,7 @@ pub(super) fn conv_forward(
         ForwardPlan::Vec(p) => XCopy::Nhwc { half: p.half }.with(be, g, x, keep, |xc| {
             relayout(be, Scratch::W, w, [g.c_out, cg, kk], cg, p.half, |wt| {
                 if p.name.contains("_tma") {
-                    let maps = be.conv_forward_maps(g, xc, wt, p.half)?;
+                    let maps = be.conv_tma_maps(g, TmaProduct::Forward, xc, wt, p.half)?;
                     launch!(be, p.name, p.cfg, what; &s, &maps, bias, y)
                 } else {
                     launch!(be, p.name, p.cfg, what; &s, xc, wt, bias, y)
@@ -596,6 +597,13 @@ fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
     let (cg, fg) = (g.c_in / g.groups, g.c_out / g.groups);
     let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
     let pixels = g.n * g.h * g.w;
+    if k.big != Some(false)
+        && k.transposed != Transposed::All
+        && let Some((name, half)) = be.tma_data_kernel(g)
+    {
+        let cfg = vec_cfg(grid(cg, pixels, g.groups, true), name);
+        return Some(VecPlan { name, half, cfg });
+    }
     if let Some(plan) = transposed(be, k, "conv_backward_data_nhwc", cg, pixels, g.groups, fits) {
         return Some(plan);
     }
@@ -688,15 +696,14 @@ fn data_from_nhwc(
     let (cg, fg, kk) = (g.c_in / g.groups, g.c_out / g.groups, g.k_h * g.k_w);
     let what = || format!("{g:?}");
     let dims = [g.groups, fg, cg * kk];
-    relayout(
-        be,
-        Scratch::W,
-        w,
-        dims,
-        fg,
-        plan.half,
-        |wt| launch!(be, plan.name, plan.cfg, what; s, dyt, wt, dx, mask),
-    )
+    relayout(be, Scratch::W, w, dims, fg, plan.half, |wt| {
+        if plan.name.contains("_tma") {
+            let maps = be.conv_tma_maps(g, TmaProduct::Data, dyt, wt, plan.half)?;
+            launch!(be, plan.name, plan.cfg, what; s, &maps, dx, mask)
+        } else {
+            launch!(be, plan.name, plan.cfg, what; s, dyt, wt, dx, mask)
+        }
+    })
 }
 
 /// The channels-last kernel for product `base` and whether it reads bf16

@@ -219,6 +219,8 @@ const WG_KERNELS: &[&str] = &[
     "fc_forward_vec_h16_bf16_wg_wide",
     "conv_forward_nhwc_tf32_wg_tma_big",
     "conv_forward_nhwc16_bf16_wg_tma_big",
+    "conv_backward_data_nhwc_tf32_wg_tma_big",
+    "conv_backward_data_nhwc16_bf16_wg_tma_big",
 ];
 
 /// What `host devices` prints for one GPU.
@@ -391,6 +393,10 @@ pub struct CudaBackend {
     /// theirs on the H200, and conv4's about twice as fast as before,
     /// when it padded no filters with 64-row tiles (benches/NOTES.md).
     tma: bool,
+    /// Whether the channels-last data gradients whose shape allows it run
+    /// on the TMA kernels too (`ALEXNET_TMA_DATA=1`; off by default: not
+    /// yet run on a GPU).
+    tma_data: bool,
     /// The TMA kernels' tensor maps (`tma.rs`).
     tma_maps: Mutex<tma::TmaMaps>,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
@@ -568,6 +574,7 @@ impl CudaBackend {
             wgmma: hopper && std::env::var("ALEXNET_WGMMA").is_ok_and(|v| v == "1"),
             wg_big: hopper && !std::env::var("ALEXNET_WG_BIG").is_ok_and(|v| v == "0"),
             tma: hopper && !std::env::var("ALEXNET_TMA").is_ok_and(|v| v == "0"),
+            tma_data: hopper && std::env::var("ALEXNET_TMA_DATA").is_ok_and(|v| v == "1"),
             tma_maps: Mutex::new(tma::TmaMaps::default()),
             scratch: Default::default(),
             step_values,
@@ -803,22 +810,55 @@ impl CudaBackend {
         self.settings_changed();
     }
 
+    /// Turns the TMA data gradients on or off (where the GPU has them).
+    pub fn set_tma_data(&mut self, on: bool) {
+        self.tma_data = on && self.has_wgmma;
+        self.settings_changed();
+    }
+
+    /// Whether the TMA data gradients are on.
+    pub fn tma_data_enabled(&self) -> bool {
+        self.tma_data
+    }
+
     /// Whether the forward of `g` would run on a TMA kernel given 128×128
     /// tiles: TMA on, the channels-last TF32 or bf16-copy products (the
     /// 128×128 `_wg_big` kernels' precisions), 128-row tiles not ruled out,
     /// and a shape the kernel takes.
     fn tma_forward_fits(&self, g: &ConvGeom) -> bool {
-        use crate::config::Precision;
-        let half = match self.precision {
-            Precision::Tf32 => false,
-            Precision::Bf16 if self.operand_copies => true,
-            _ => return false,
+        self.tma_half().is_some_and(|half| {
+            self.tma && (self.wg_big || self.wgmma) && tma::conv_forward_unfit(g, half).is_none()
+        })
+    }
+
+    /// The TMA data-gradient kernel for `g` and whether it reads bf16, if
+    /// it is on and the shape fits.
+    fn tma_data_kernel(&self, g: &ConvGeom) -> Option<(&'static str, bool)> {
+        let half = self.tma_half()?;
+        if !self.tma_data || tma::conv_data_unfit(g, half).is_some() {
+            return None;
+        }
+        let name = if half {
+            "conv_backward_data_nhwc16_bf16_wg_tma_big"
+        } else {
+            "conv_backward_data_nhwc_tf32_wg_tma_big"
         };
-        self.tma
-            && self.vec_engine
-            && (self.wg_big || self.wgmma)
-            && self.gemm_tiles != GemmTiles::Narrow
-            && tma::conv_forward_unfit(g, half).is_none()
+        self.funcs.get_key_value(name).map(|(k, _)| (*k, half))
+    }
+
+    /// Whether the TMA kernels' operands are bf16 (`Some(true)`) or TF32
+    /// (`Some(false)`) in this precision, `None` where they have none (fp32,
+    /// bf16 on fp32 operands) or the vector engine or 128-row tiles are off.
+    fn tma_half(&self) -> Option<bool> {
+        use crate::config::Precision;
+        if !self.vec_engine || self.gemm_tiles == GemmTiles::Narrow {
+            return None;
+        }
+        match self.precision {
+            Precision::Tf32 => Some(false),
+            Precision::Bf16 if self.operand_copies => Some(true),
+            _ => None,
+        }
     }
 
     /// The TMA twin of the 128×128 warpgroup conv forward `name` when it is

@@ -1,6 +1,7 @@
 //! Tensor maps for the kernels whose operands the tensor memory accelerator
-//! (TMA, Hopper) fetches: the channels-last conv forwards `*_tma`
-//! (`gpu_kernels::conv::conv_forward_tma`).
+//! (TMA, Hopper) fetches: the channels-last conv forwards and data
+//! gradients `*_wg_tma_big` (`gpu_kernels::conv::conv_forward_tma`,
+//! `conv_backward_data_tma`).
 //!
 //! A tensor map is a 128-byte descriptor the driver encodes on the host
 //! (`cuTensorMapEncodeTiled` / `cuTensorMapEncodeIm2col`, no GPU work). The
@@ -24,10 +25,19 @@ use crate::backend::ConvGeom;
 /// and the autotune make more).
 const MAX_MAPS: usize = 256;
 
-/// What a conv forward's maps depend on.
+/// Which product of a convolution a TMA kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum TmaProduct {
+    Forward,
+    /// The data gradient (stride 1 only).
+    Data,
+}
+
+/// What a conv product's maps depend on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct MapKey {
     geom: ConvGeom,
+    product: TmaProduct,
     half: bool,
     x: u64,
     wt: u64,
@@ -48,8 +58,25 @@ fn elem(half: bool) -> usize {
 /// it can). A K tile is one tap's 128 bytes of a group's channels, and
 /// the im2col map's corners and strides have hardware limits.
 pub(super) fn conv_forward_unfit(g: &ConvGeom, half: bool) -> Option<&'static str> {
-    let cg = g.c_in / g.groups;
-    if !(cg * elem(half)).is_multiple_of(128) {
+    unfit(g, g.c_in / g.groups, half)
+}
+
+/// Why `g`'s data gradient cannot run on the TMA kernel (`None`: it can):
+/// as the forward's, with dy's channels (a group's filters), and only at
+/// stride 1 with padding below the filter size (dy's windows around each
+/// input pixel then reach `K − 1 − pad` before it).
+pub(super) fn conv_data_unfit(g: &ConvGeom, half: bool) -> Option<&'static str> {
+    if g.stride != 1 {
+        Some("stride above 1")
+    } else if g.pad >= g.k_h.min(g.k_w) {
+        Some("padding as large as the filter")
+    } else {
+        unfit(g, g.c_out / g.groups, half)
+    }
+}
+
+fn unfit(g: &ConvGeom, chans: usize, half: bool) -> Option<&'static str> {
+    if !(chans * elem(half)).is_multiple_of(128) {
         Some("a group's channels are not a multiple of 128 bytes")
     } else if g.pad > 127 || g.k_h.max(g.k_w) > 256 || g.k_h.max(g.k_w) > g.pad + 129 {
         // The corners −pad and pad − (K − 1) lie in −128..=127; the taps'
@@ -68,11 +95,16 @@ fn encode_err(what: &str, g: &ConvGeom, r: sys::CUresult) -> anyhow::Error {
     anyhow::anyhow!("encoding the TMA {what} map for {g:?} failed: {r:?}")
 }
 
-/// The weights `[F][KH·KW·Cg]` as a 2-D map with 128 × 128-byte boxes.
-fn weights_map(g: &ConvGeom, wt: u64, half: bool) -> Result<sys::CUtensorMap> {
+/// The weights as a 2-D map with 128 × 128-byte boxes: `[F][KH·KW·Cg]`
+/// (forward) or `[G·Cg][KH·KW·Fg]` (data gradient).
+fn weights_map(g: &ConvGeom, p: TmaProduct, wt: u64, half: bool) -> Result<sys::CUtensorMap> {
     let e = elem(half);
-    let k_len = g.k_h * g.k_w * g.c_in / g.groups;
-    let dims = [k_len as u64, g.c_out as u64];
+    let (rows, per_row) = match p {
+        TmaProduct::Forward => (g.c_out, g.c_in / g.groups),
+        TmaProduct::Data => (g.c_in, g.c_out / g.groups),
+    };
+    let k_len = g.k_h * g.k_w * per_row;
+    let dims = [k_len as u64, rows as u64];
     let strides = [(k_len * e) as u64];
     let boxes = [(128 / e) as u32, 128];
     let ones = [1u32, 1];
@@ -102,18 +134,26 @@ fn weights_map(g: &ConvGeom, wt: u64, half: bool) -> Result<sys::CUtensorMap> {
     Ok(unsafe { map.assume_init() })
 }
 
-/// x `[N][H][W][C]` as an im2col map: boxes of 128 consecutive windows
-/// (w fastest, then h, then the image) × 128 bytes of channels, window
-/// corners from `−pad` to `pad − (K − 1)` past the far edge, stepped by the
-/// stride, so that the windows are the output pixels in order.
-fn patches_map(g: &ConvGeom, x: u64, half: bool) -> Result<sys::CUtensorMap> {
+/// The gathered operand as an im2col map: boxes of 128 consecutive
+/// windows (w fastest, then h, then the image) × 128 bytes of channels.
+/// Forward: x `[N][H][W][C]`, window corners from `−pad` to `pad − (K − 1)`
+/// past the far edge, stepped by the stride, so that the windows are the
+/// output pixels in order. Data gradient: dy `[N][OH][OW][F]`, corners
+/// from `−(K − 1 − pad)` to `−pad`: one window per input pixel.
+fn patches_map(g: &ConvGeom, p: TmaProduct, x: u64, half: bool) -> Result<sys::CUtensorMap> {
     let e = elem(half);
-    let (c, w, h, n) = (g.c_in as u64, g.w as u64, g.h as u64, g.n as u64);
+    let (c, w, h) = match p {
+        TmaProduct::Forward => (g.c_in, g.w, g.h),
+        TmaProduct::Data => (g.c_out, g.out_w(), g.out_h()),
+    };
+    let (c, w, h, n) = (c as u64, w as u64, h as u64, g.n as u64);
     let dims = [c, w, h, n];
     let strides = [c * e as u64, w * c * e as u64, h * w * c * e as u64];
-    let pad = g.pad as i32;
-    let lower = [-pad, -pad];
-    let upper = [pad - (g.k_w as i32 - 1), pad - (g.k_h as i32 - 1)];
+    let (pad, kw, kh) = (g.pad as i32, g.k_w as i32, g.k_h as i32);
+    let (lower, upper) = match p {
+        TmaProduct::Forward => ([-pad, -pad], [pad - (kw - 1), pad - (kh - 1)]),
+        TmaProduct::Data => ([pad - (kw - 1), pad - (kh - 1)], [-pad, -pad]),
+    };
     let steps = [1u32, g.stride as u32, g.stride as u32, 1];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     // SAFETY: as in `weights_map`.
@@ -154,11 +194,14 @@ fn data_type(half: bool) -> sys::CUtensorMapDataType {
 }
 
 impl CudaBackend {
-    /// The device address of the conv forward's two tensor maps (weights,
-    /// then x) for NHWC `x` and `[F][KH][KW][Cg]` `wt`, made on first use.
-    pub(super) fn conv_forward_maps(
+    /// The device address of a conv product's two tensor maps (weights,
+    /// then the gathered operand), made on first use: forward, NHWC `x`
+    /// and `[F][KH][KW][Cg]` `wt`; data gradient, NHWC dy and
+    /// `[G][Cg][KH][KW][Fg]` `wt`.
+    pub(super) fn conv_tma_maps(
         &self,
         g: &ConvGeom,
+        product: TmaProduct,
         x: &CudaSlice<f32>,
         wt: &CudaSlice<f32>,
         half: bool,
@@ -171,6 +214,7 @@ impl CudaBackend {
         }
         let key = MapKey {
             geom: *g,
+            product,
             half,
             x: xa,
             wt: wa,
@@ -187,7 +231,10 @@ impl CudaBackend {
                 "a TMA tensor map for {g:?} would be made while capturing a CUDA graph; run the same step once eagerly first"
             );
         }
-        let both = [weights_map(g, wa, half)?, patches_map(g, xa, half)?];
+        let both = [
+            weights_map(g, product, wa, half)?,
+            patches_map(g, product, xa, half)?,
+        ];
         // SAFETY: two `repr(C)` arrays of 16 u64, 256 bytes without padding.
         let bytes: &[u8] = unsafe { std::slice::from_raw_parts(both.as_ptr().cast::<u8>(), 256) };
         let buf = self.stream.clone_htod(bytes).map_err(super::gpu_err)?;
@@ -199,7 +246,7 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::conv_forward_unfit;
+    use super::{conv_data_unfit, conv_forward_unfit};
     use crate::backend::ConvGeom;
 
     fn geom(
@@ -236,6 +283,14 @@ mod tests {
             assert!(conv_forward_unfit(&geom(3, 96, 11, 4, 2, 1), half).is_some());
             assert!(conv_forward_unfit(&geom(96, 256, 5, 1, 2, 2), half).is_some());
             assert!(conv_forward_unfit(&geom(256, 256, 3, 9, 1, 1), half).is_some());
+        }
+        // Data gradients: conv3–5 (stride 1, pad 1 < 3), not conv1 (stride 4).
+        for half in [false, true] {
+            assert_eq!(conv_data_unfit(&geom(256, 384, 3, 1, 1, 1), half), None);
+            assert_eq!(conv_data_unfit(&geom(384, 384, 3, 1, 1, 2), half), None);
+            assert_eq!(conv_data_unfit(&geom(384, 256, 3, 1, 1, 2), half), None);
+            assert!(conv_data_unfit(&geom(3, 96, 11, 4, 2, 1), half).is_some());
+            assert!(conv_data_unfit(&geom(256, 384, 3, 1, 3, 1), half).is_some());
         }
         // 32 channels a group: one TF32 K tile, half a bf16 one.
         assert_eq!(conv_forward_unfit(&geom(64, 64, 3, 1, 1, 2), false), None);
