@@ -958,119 +958,82 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
     c.gpu.set_big_tiles(Some(true));
     // 128-row tiles also for conv4's 192 filters a group.
     c.gpu.set_gemm_tiles(GemmTiles::Wide);
-    c.gpu.set_wg_big(true);
-    let mut result = Ok(());
-    'all: for p in [Precision::Tf32, Precision::Bf16] {
-        c.gpu.set_precision(p)?;
-        for (case, g) in &cases {
-            let (hx, hw, hb) = forward_operands(c, g);
-            let wg = |name: &str| name.ends_with("_wg_big") || name.ends_with("_wg_tma_big");
-            let outs = match outputs_by_kernel(
-                c,
-                g,
-                "forward",
-                (&hx, &hw, &hb),
-                CudaBackend::set_tma,
-                [false, true],
-                wg,
-            ) {
-                Ok(outs) => outs,
-                Err(e) => {
-                    result = Err(e);
-                    break 'all;
-                }
-            };
-            let names: Vec<&str> = outs.iter().map(|(n, _)| n.as_str()).collect();
-            println!("  {case} {p:?}: {}", names.join(", "));
-            let plain = outs.iter().find(|(n, _)| n.ends_with("_wg_big"));
-            let fed = outs.iter().find(|(n, _)| n.ends_with("_wg_tma_big"));
-            c.check_true(
-                test,
-                &format!("{case} {p:?}: a _wg_big and a _wg_tma_big candidate"),
-                plain.is_some() && fed.is_some(),
-            );
-            let (Some((plain_name, want)), Some((fed_name, got))) = (plain, fed) else {
-                continue;
-            };
-            c.check_true(
-                test,
-                &format!("{case} {p:?}: {fed_name} bit-identical to {plain_name}"),
-                bits_equal(got, want),
-            );
-            let mut y = vec![0.0; g.y_len()];
-            c.cpu.conv_forward(g, &hx, &hw, &hb, &mut y)?;
-            let (label, tol) = label_tol(c, p);
-            let got = got.clone();
-            c.check(
-                test,
-                &format!("{case}{label} {fed_name} vs CPU"),
-                &got,
-                &y,
-                tol,
-            );
-        }
-    }
-    // The data gradients (stride 1) on the TMA kernels against the
-    // warpgroup engine's `cp.async` 128×128 ones (`ALEXNET_WGMMA`'s), which
-    // sum in the same order, and against the CPU reference.
     let (wgmma, tma_data) = (c.gpu.wgmma_enabled(), c.gpu.tma_data_enabled());
-    c.gpu.set_wgmma(true);
-    'data: for p in [Precision::Tf32, Precision::Bf16] {
-        if result.is_err() {
-            break;
-        }
-        c.gpu.set_precision(p)?;
-        // Where the data gradient fits the TMA kernel: stride 1, whole
-        // 128-byte K tiles of a group's filters.
-        let data_cases = cases
-            .iter()
-            .filter(|(_, g)| g.stride == 1 && (g.c_out / g.groups) % 64 == 0);
-        for (case, g) in data_cases {
-            let (hdy, hw) = (c.randn(g.y_len(), 1.0), c.randn(g.w_len(), 0.1));
-            let wg = |name: &str| name.ends_with("_wg_big") || name.ends_with("_wg_tma_big");
-            let outs = match outputs_by_kernel(
-                c,
-                g,
-                "data",
-                (&hdy, &hw, &[0.0]),
-                CudaBackend::set_tma_data,
-                [false, true],
-                wg,
-            ) {
-                Ok(outs) => outs,
-                Err(e) => {
-                    result = Err(e);
-                    break 'data;
+    let mut result = Ok(());
+    'all: for product in ["forward", "data"] {
+        let forward = product == "forward";
+        // The data gradients' `cp.async` 128×128 kernels are the warpgroup
+        // engine's (`ALEXNET_WGMMA`).
+        c.gpu.set_wgmma(!forward);
+        c.gpu.set_wg_big(true);
+        let set: fn(&mut CudaBackend, bool) = if forward {
+            CudaBackend::set_tma
+        } else {
+            CudaBackend::set_tma_data
+        };
+        for p in [Precision::Tf32, Precision::Bf16] {
+            c.gpu.set_precision(p)?;
+            for (case, g) in &cases {
+                // The data gradient fits the TMA kernel at stride 1 with
+                // whole 128-byte K tiles of a group's filters.
+                if !forward && !(g.stride == 1 && (g.c_out / g.groups).is_multiple_of(64)) {
+                    continue;
                 }
-            };
-            let names: Vec<&str> = outs.iter().map(|(n, _)| n.as_str()).collect();
-            println!("  data gradient {case} {p:?}: {}", names.join(", "));
-            let plain = outs.iter().find(|(n, _)| n.ends_with("_wg_big"));
-            let fed = outs.iter().find(|(n, _)| n.ends_with("_wg_tma_big"));
-            c.check_true(
-                test,
-                &format!("data gradient {case} {p:?}: a _wg_big and a _wg_tma_big candidate"),
-                plain.is_some() && fed.is_some(),
-            );
-            let (Some((plain_name, want)), Some((fed_name, got))) = (plain, fed) else {
-                continue;
-            };
-            c.check_true(
-                test,
-                &format!("data gradient {case} {p:?}: {fed_name} bit-identical to {plain_name}"),
-                bits_equal(got, want),
-            );
-            let mut dx = vec![0.0; g.x_len()];
-            c.cpu.conv_backward_data(g, &hdy, &hw, &mut dx)?;
-            let (label, tol) = label_tol(c, p);
-            let got = got.clone();
-            c.check(
-                test,
-                &format!("data gradient {case}{label} {fed_name} vs CPU"),
-                &got,
-                &dx,
-                tol,
-            );
+                let (ops, want) = if forward {
+                    let (hx, hw, hb) = forward_operands(c, g);
+                    let mut y = vec![0.0; g.y_len()];
+                    c.cpu.conv_forward(g, &hx, &hw, &hb, &mut y)?;
+                    ((hx, hw, hb), y)
+                } else {
+                    let (hdy, hw) = (c.randn(g.y_len(), 1.0), c.randn(g.w_len(), 0.1));
+                    let mut dx = vec![0.0; g.x_len()];
+                    c.cpu.conv_backward_data(g, &hdy, &hw, &mut dx)?;
+                    ((hdy, hw, vec![0.0]), dx)
+                };
+                let wg = |name: &str| name.ends_with("_wg_big") || name.ends_with("_wg_tma_big");
+                let outs = match outputs_by_kernel(
+                    c,
+                    g,
+                    product,
+                    (&ops.0, &ops.1, &ops.2),
+                    set,
+                    [false, true],
+                    wg,
+                ) {
+                    Ok(outs) => outs,
+                    Err(e) => {
+                        result = Err(e);
+                        break 'all;
+                    }
+                };
+                let case = format!("{product} {case}");
+                let names: Vec<&str> = outs.iter().map(|(n, _)| n.as_str()).collect();
+                println!("  {case} {p:?}: {}", names.join(", "));
+                let plain = outs.iter().find(|(n, _)| n.ends_with("_wg_big"));
+                let fed = outs.iter().find(|(n, _)| n.ends_with("_wg_tma_big"));
+                c.check_true(
+                    test,
+                    &format!("{case} {p:?}: a _wg_big and a _wg_tma_big candidate"),
+                    plain.is_some() && fed.is_some(),
+                );
+                let (Some((plain_name, same)), Some((fed_name, got))) = (plain, fed) else {
+                    continue;
+                };
+                c.check_true(
+                    test,
+                    &format!("{case} {p:?}: {fed_name} bit-identical to {plain_name}"),
+                    bits_equal(got, same),
+                );
+                let (label, tol) = label_tol(c, p);
+                let got = got.clone();
+                c.check(
+                    test,
+                    &format!("{case}{label} {fed_name} vs CPU"),
+                    &got,
+                    &want,
+                    tol,
+                );
+            }
         }
     }
     c.gpu.set_tma_data(tma_data);
