@@ -134,27 +134,58 @@ fn weights_map(g: &ConvGeom, p: TmaProduct, wt: u64, half: bool) -> Result<sys::
     Ok(unsafe { map.assume_init() })
 }
 
-/// The gathered operand as an im2col map: boxes of 128 consecutive
-/// windows (w fastest, then h, then the image) × 128 bytes of channels.
-/// Forward: x `[N][H][W][C]`, window corners from `−pad` to `pad − (K − 1)`
-/// past the far edge, stepped by the stride, so that the windows are the
-/// output pixels in order. Data gradient: dy `[N][OH][OW][F]`, corners
-/// from `−(K − 1 − pad)` to `−pad`: one window per input pixel.
-fn patches_map(g: &ConvGeom, p: TmaProduct, x: u64, half: bool) -> Result<sys::CUtensorMap> {
-    let e = elem(half);
-    let (c, w, h) = match p {
-        TmaProduct::Forward => (g.c_in, g.w, g.h),
-        TmaProduct::Data => (g.c_out, g.out_w(), g.out_h()),
-    };
-    let (c, w, h, n) = (c as u64, w as u64, h as u64, g.n as u64);
-    let dims = [c, w, h, n];
-    let strides = [c * e as u64, w * c * e as u64, h * w * c * e as u64];
+/// The geometry of a product's im2col map: the gathered tensor's `(W, H)`
+/// (dy's for the data gradient), its channels, and per spatial axis
+/// (W, then H) the window corners' bounding box (`lower` to `dim − 1 +
+/// upper`) and step. Forward: x's windows from `−pad` to `pad − (K − 1)`
+/// past the far edge, stepped by the stride: the output pixels in order.
+/// Data gradient: dy's windows from `−(K − 1 − pad)` to `−pad`, one per
+/// input pixel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Im2col {
+    dims: [usize; 2],
+    chans: usize,
+    lower: [i32; 2],
+    upper: [i32; 2],
+    step: u32,
+}
+
+fn im2col(g: &ConvGeom, p: TmaProduct) -> Im2col {
     let (pad, kw, kh) = (g.pad as i32, g.k_w as i32, g.k_h as i32);
-    let (lower, upper) = match p {
-        TmaProduct::Forward => ([-pad, -pad], [pad - (kw - 1), pad - (kh - 1)]),
-        TmaProduct::Data => ([pad - (kw - 1), pad - (kh - 1)], [-pad, -pad]),
-    };
-    let steps = [1u32, g.stride as u32, g.stride as u32, 1];
+    match p {
+        TmaProduct::Forward => Im2col {
+            dims: [g.w, g.h],
+            chans: g.c_in,
+            lower: [-pad, -pad],
+            upper: [pad - (kw - 1), pad - (kh - 1)],
+            step: g.stride as u32,
+        },
+        TmaProduct::Data => Im2col {
+            dims: [g.out_w(), g.out_h()],
+            chans: g.c_out,
+            lower: [pad - (kw - 1), pad - (kh - 1)],
+            upper: [-pad, -pad],
+            step: 1,
+        },
+    }
+}
+
+/// The gathered operand as an im2col map ([`im2col`]): boxes of 128
+/// consecutive windows (w fastest, then h, then the image) × 128 bytes of
+/// channels.
+fn patches_map(g: &ConvGeom, p: TmaProduct, x: u64, half: bool) -> Result<sys::CUtensorMap> {
+    let e = elem(half) as u64;
+    let m = im2col(g, p);
+    let (c, w, h, n) = (
+        m.chans as u64,
+        m.dims[0] as u64,
+        m.dims[1] as u64,
+        g.n as u64,
+    );
+    let dims = [c, w, h, n];
+    let strides = [c * e, w * c * e, h * w * c * e];
+    let (lower, upper) = (m.lower, m.upper);
+    let steps = [1, m.step, m.step, 1];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     // SAFETY: as in `weights_map`.
     let r = unsafe {
@@ -246,8 +277,69 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{conv_data_unfit, conv_forward_unfit};
+    use super::{TmaProduct, conv_data_unfit, conv_forward_unfit, im2col};
     use crate::backend::ConvGeom;
+
+    /// The im2col maps against a model of the TMA traversal (window corners
+    /// stepping through their bounding box, w fastest, then h, then the
+    /// image): one window per output pixel (forward) or input pixel (data
+    /// gradient), window p at the corner `gpu_kernels::conv::ConvTma`
+    /// computes for pixel p (written out again here). The forward's
+    /// geometry ran on an H200 (`gpu_ops conv_tma`); this holds the data
+    /// gradient's to the same model.
+    #[test]
+    fn im2col_windows_are_the_products_pixels() {
+        let g = |n, c_in, h, w, c_out, (k_h, k_w), stride, pad, groups| ConvGeom {
+            n,
+            c_in,
+            h,
+            w,
+            c_out,
+            k_h,
+            k_w,
+            stride,
+            pad,
+            groups,
+        };
+        let cases = [
+            g(2, 256, 13, 13, 384, (3, 3), 1, 1, 1),
+            g(2, 96, 27, 27, 256, (5, 5), 1, 2, 2),
+            g(3, 128, 11, 9, 256, (3, 5), 1, 2, 2),
+            g(3, 128, 11, 9, 256, (3, 5), 1, 1, 2),
+            g(2, 64, 15, 15, 72, (3, 3), 2, 1, 1),
+            g(2, 64, 12, 10, 64, (3, 3), 1, 0, 1),
+        ];
+        for c in cases {
+            for p in [TmaProduct::Forward, TmaProduct::Data] {
+                if p == TmaProduct::Data && c.stride != 1 {
+                    continue;
+                }
+                let m = im2col(&c, p);
+                let count =
+                    |a: usize| (m.dims[a] as i32 - 1 + m.upper[a] - m.lower[a]) / m.step as i32 + 1;
+                // The pixels the kernel walks: output (forward), input (data).
+                let (pw, ph) = match p {
+                    TmaProduct::Forward => (c.out_w(), c.out_h()),
+                    TmaProduct::Data => (c.w, c.h),
+                };
+                assert_eq!((count(0), count(1)), (pw as i32, ph as i32), "{c:?} {p:?}");
+                for q in 0..pw * ph {
+                    let (y, x) = ((q / pw) as i32, (q % pw) as i32);
+                    let model = (
+                        m.lower[1] + m.step as i32 * y,
+                        m.lower[0] + m.step as i32 * x,
+                    );
+                    let (s, pad) = (c.stride as i32, c.pad as i32);
+                    let (kh, kw) = (c.k_h as i32, c.k_w as i32);
+                    let kernel = match p {
+                        TmaProduct::Forward => (y * s - pad, x * s - pad),
+                        TmaProduct::Data => (y - (kh - 1 - pad), x - (kw - 1 - pad)),
+                    };
+                    assert_eq!(model, kernel, "{c:?} {p:?} pixel {q}");
+                }
+            }
+        }
+    }
 
     fn geom(
         c_in: usize,
