@@ -41,7 +41,9 @@
 //! tiles take 128 bytes of k per row in 128-byte-swizzled stages and beat
 //! the vector engine on the conv forwards, which the host gives them by
 //! default; the rest, 64 bytes per row unswizzled, only with
-//! `ALEXNET_WGMMA=1`).
+//! `ALEXNET_WGMMA=1`), whose 128×128 tiles also come with their operands
+//! fetched by the tensor memory accelerator ([`gemm_tile_tma`], operands
+//! given as [`TmaTiles`]).
 
 use crate::device::{
     bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
