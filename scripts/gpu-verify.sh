@@ -105,8 +105,9 @@ if [ "${WG_BIG:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
     r wg-big-$tool 90 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool $tool --error-exitcode 1 .gpf/bin/gpu_ops conv_wg_big
   done
-  # Every channels-last product, data gradients too, on the 128×128 warpgroup tiles.
-  r wg-big-forced 150 env ALEXNET_WGMMA=1 ALEXNET_GEMM_TILES=128 ALEXNET_BIG_TILES=1 .gpf/bin/gpu_ops conv_forward conv_backward_data
+  # Every channels-last product, data gradients too, on the 128×128
+  # warpgroup tiles fed by `cp.async` (gpu_ops conv_tma covers the TMA ones).
+  r wg-big-forced 150 env ALEXNET_WGMMA=1 ALEXNET_TMA=0 ALEXNET_GEMM_TILES=128 ALEXNET_BIG_TILES=1 .gpf/bin/gpu_ops conv_forward conv_backward_data
   # The conv forwards alone, 128×128 tiles forced, on and off the warpgroup kernels.
   [ "${TMA:-0}" = 1 ] || r k-wg-big 90 env ALEXNET_BIG_TILES=1 ALEXNET_TRANSPOSED=0 .gpf/bin/kernels conv_forward
   r k-no-wg-big 90 env ALEXNET_WG_BIG=0 ALEXNET_BIG_TILES=1 ALEXNET_TRANSPOSED=0 .gpf/bin/kernels conv_forward
