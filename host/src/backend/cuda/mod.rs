@@ -487,22 +487,32 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(gpu_err)?;
         let upload_stream = ctx.new_stream().map_err(gpu_err)?;
-        // Hopper (9.0) gets the sm_90a module and its `wgmma` kernels; the
-        // products use them only with `ALEXNET_WGMMA=1` (measured slower
-        // than `mma.sync` so far; see `gemm::gemm_tile_wg`).
-        let hopper = ctx.compute_capability().map_err(gpu_err)? == (9, 0);
-        let (ptx, arch) = if hopper {
-            (crate::PTX_SM90A, "sm_90a")
-        } else {
-            (crate::PTX, env!("ALEXNET_CUDA_ARCH"))
-        };
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-            .map_err(|e| {
+        // Hopper (9.0) gets the sm_90a module and its `wgmma` and TMA
+        // kernels (PTX ISA 8.3: a CUDA 12.3+ driver); where its driver
+        // cannot JIT that, the portable module (PTX ISA 8.0) serves instead.
+        let mut hopper = ctx.compute_capability().map_err(gpu_err)? == (9, 0);
+        let portable = || {
+            ctx.load_module(cudarc::nvrtc::Ptx::from_src(crate::PTX)).map_err(|e| {
                 anyhow!(
-                    "loading the PTX module (built for {arch}) failed: {e}; the driver must JIT PTX ISA 8.0 (CUDA 12.0+ driver) for an sm_70+ GPU"
+                    "loading the PTX module (built for {}) failed: {e}; the driver must JIT PTX ISA 8.0 (CUDA 12.0+ driver) for an sm_70+ GPU",
+                    env!("ALEXNET_CUDA_ARCH")
                 )
-            })?;
+            })
+        };
+        let module = if hopper {
+            match ctx.load_module(cudarc::nvrtc::Ptx::from_src(crate::PTX_SM90A)) {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!(
+                        "warning: the Hopper (sm_90a, PTX ISA 8.3) module did not load ({e}); running the portable kernels, without wgmma and TMA (a CUDA 12.3+ driver has them)"
+                    );
+                    hopper = false;
+                    portable()?
+                }
+            }
+        } else {
+            portable()?
+        };
         let mut funcs = HashMap::new();
         let mut resident = HashMap::new();
         let wg_kernels = if hopper { WG_KERNELS } else { &[] };
