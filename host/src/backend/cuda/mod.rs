@@ -585,7 +585,7 @@ impl CudaBackend {
             wg_big: hopper && !std::env::var("ALEXNET_WG_BIG").is_ok_and(|v| v == "0"),
             tma: hopper && !std::env::var("ALEXNET_TMA").is_ok_and(|v| v == "0"),
             tma_data: hopper && std::env::var("ALEXNET_TMA_DATA").is_ok_and(|v| v == "1"),
-            tma_maps: Mutex::new(tma::TmaMaps::default()),
+            tma_maps: Mutex::new(tma::TmaMaps::new()),
             scratch: Default::default(),
             step_values,
             capturing: AtomicBool::new(false),

@@ -44,10 +44,7 @@ pub(super) struct MapKey {
 }
 
 /// The kept map buffers, by what they encode.
-#[derive(Default)]
-pub(super) struct TmaMaps {
-    bufs: HashMap<MapKey, CudaSlice<u8>>,
-}
+pub(super) type TmaMaps = HashMap<MapKey, CudaSlice<u8>>;
 
 /// Bytes per element of the TMA operands: bf16 or fp32 (TF32-rounded).
 fn elem(half: bool) -> usize {
@@ -251,12 +248,12 @@ impl CudaBackend {
             wt: wa,
         };
         let mut maps = self.tma_maps.lock().unwrap();
-        if let Some(b) = maps.bufs.get(&key) {
+        if let Some(b) = maps.get(&key) {
             return Ok(b.device_ptr(&self.stream).0);
         }
-        if maps.bufs.len() >= MAX_MAPS {
+        if maps.len() >= MAX_MAPS {
             self.before_replacing("TMA tensor maps", MAX_MAPS * 256)?;
-            maps.bufs.clear();
+            maps.clear();
         } else if self.capturing.load(std::sync::atomic::Ordering::SeqCst) {
             bail!(
                 "a TMA tensor map for {g:?} would be made while capturing a CUDA graph; run the same step once eagerly first"
@@ -270,7 +267,7 @@ impl CudaBackend {
         let bytes: &[u8] = unsafe { std::slice::from_raw_parts(both.as_ptr().cast::<u8>(), 256) };
         let buf = self.stream.clone_htod(bytes).map_err(super::gpu_err)?;
         let at = buf.device_ptr(&self.stream).0;
-        maps.bufs.insert(key, buf);
+        maps.insert(key, buf);
         Ok(at)
     }
 }
@@ -289,18 +286,7 @@ mod tests {
     /// gradient's to the same model.
     #[test]
     fn im2col_windows_are_the_products_pixels() {
-        let g = |n, c_in, h, w, c_out, (k_h, k_w), stride, pad, groups| ConvGeom {
-            n,
-            c_in,
-            h,
-            w,
-            c_out,
-            k_h,
-            k_w,
-            stride,
-            pad,
-            groups,
-        };
+        let g = geom;
         let cases = [
             g(2, 256, 13, 13, 384, (3, 3), 1, 1, 1),
             g(2, 96, 27, 27, 256, (5, 5), 1, 2, 2),
@@ -341,7 +327,34 @@ mod tests {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn geom(
+        n: usize,
+        c_in: usize,
+        h: usize,
+        w: usize,
+        c_out: usize,
+        (k_h, k_w): (usize, usize),
+        stride: usize,
+        pad: usize,
+        groups: usize,
+    ) -> ConvGeom {
+        ConvGeom {
+            n,
+            c_in,
+            h,
+            w,
+            c_out,
+            k_h,
+            k_w,
+            stride,
+            pad,
+            groups,
+        }
+    }
+
+    /// AlexNet's layers at batch 128 (13×13 images, as conv3–5 see them).
+    fn alexnet(
         c_in: usize,
         c_out: usize,
         k: usize,
@@ -349,18 +362,7 @@ mod tests {
         pad: usize,
         groups: usize,
     ) -> ConvGeom {
-        ConvGeom {
-            n: 128,
-            c_in,
-            h: 13,
-            w: 13,
-            c_out,
-            k_h: k,
-            k_w: k,
-            stride,
-            pad,
-            groups,
-        }
+        geom(128, c_in, 13, 13, c_out, (k, k), stride, pad, groups)
     }
 
     /// AlexNet's conv3–5 take the TMA forward in TF32 and bf16 (their
@@ -369,23 +371,35 @@ mod tests {
     #[test]
     fn tma_forward_fits_alexnet_conv3_to_5() {
         for half in [false, true] {
-            assert_eq!(conv_forward_unfit(&geom(256, 384, 3, 1, 1, 1), half), None);
-            assert_eq!(conv_forward_unfit(&geom(384, 384, 3, 1, 1, 2), half), None);
-            assert_eq!(conv_forward_unfit(&geom(384, 256, 3, 1, 1, 2), half), None);
-            assert!(conv_forward_unfit(&geom(3, 96, 11, 4, 2, 1), half).is_some());
-            assert!(conv_forward_unfit(&geom(96, 256, 5, 1, 2, 2), half).is_some());
-            assert!(conv_forward_unfit(&geom(256, 256, 3, 9, 1, 1), half).is_some());
+            assert_eq!(
+                conv_forward_unfit(&alexnet(256, 384, 3, 1, 1, 1), half),
+                None
+            );
+            assert_eq!(
+                conv_forward_unfit(&alexnet(384, 384, 3, 1, 1, 2), half),
+                None
+            );
+            assert_eq!(
+                conv_forward_unfit(&alexnet(384, 256, 3, 1, 1, 2), half),
+                None
+            );
+            assert!(conv_forward_unfit(&alexnet(3, 96, 11, 4, 2, 1), half).is_some());
+            assert!(conv_forward_unfit(&alexnet(96, 256, 5, 1, 2, 2), half).is_some());
+            assert!(conv_forward_unfit(&alexnet(256, 256, 3, 9, 1, 1), half).is_some());
         }
         // Data gradients: conv3–5 (stride 1, pad 1 < 3), not conv1 (stride 4).
         for half in [false, true] {
-            assert_eq!(conv_data_unfit(&geom(256, 384, 3, 1, 1, 1), half), None);
-            assert_eq!(conv_data_unfit(&geom(384, 384, 3, 1, 1, 2), half), None);
-            assert_eq!(conv_data_unfit(&geom(384, 256, 3, 1, 1, 2), half), None);
-            assert!(conv_data_unfit(&geom(3, 96, 11, 4, 2, 1), half).is_some());
-            assert!(conv_data_unfit(&geom(256, 384, 3, 1, 3, 1), half).is_some());
+            assert_eq!(conv_data_unfit(&alexnet(256, 384, 3, 1, 1, 1), half), None);
+            assert_eq!(conv_data_unfit(&alexnet(384, 384, 3, 1, 1, 2), half), None);
+            assert_eq!(conv_data_unfit(&alexnet(384, 256, 3, 1, 1, 2), half), None);
+            assert!(conv_data_unfit(&alexnet(3, 96, 11, 4, 2, 1), half).is_some());
+            assert!(conv_data_unfit(&alexnet(256, 384, 3, 1, 3, 1), half).is_some());
         }
         // 32 channels a group: one TF32 K tile, half a bf16 one.
-        assert_eq!(conv_forward_unfit(&geom(64, 64, 3, 1, 1, 2), false), None);
-        assert!(conv_forward_unfit(&geom(64, 64, 3, 1, 1, 2), true).is_some());
+        assert_eq!(
+            conv_forward_unfit(&alexnet(64, 64, 3, 1, 1, 2), false),
+            None
+        );
+        assert!(conv_forward_unfit(&alexnet(64, 64, 3, 1, 1, 2), true).is_some());
     }
 }
