@@ -95,9 +95,19 @@ if [ "${TMA:-0}" = 1 ]; then
   done
   # The TMA data gradients (opt-in): their speed and the step with them.
   r k-data 90 .gpf/bin/kernels conv_backward_data
-  r k-tma-data 90 env ALEXNET_TMA_DATA=1 .gpf/bin/kernels conv_backward_data
+  r k-tma-data 90 env ALEXNET_TMA_DATA=1 .gpf/bin/kernels conv_forward conv_backward_data
   for p in tf32 bf16; do
     r bench-$p-tma-data 60 env ALEXNET_TMA_DATA=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
+  done
+  # The producer's ring: 2 to 7 stages of 32 KiB (4 by default), then ncu
+  # on conv3's TF32 forward and data gradient.
+  for st in 2 3 5 6 7; do
+    r k-stages-$st 60 env ALEXNET_TMA_STAGES=$st ALEXNET_TMA_DATA=1 .gpf/bin/kernels conv_forward conv_backward_data
+  done
+  for k in conv_forward conv_backward_data; do
+    r ncu-tma-$k 90 env ALEXNET_TMA_DATA=1 ncu --clock-control none -k regex:${k}_nhwc_tf32_wg_tma_big -c 1 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+      .gpf/bin/kernels "conv3 tf32"
   done
 fi
 if [ "${WG_BIG:-0}" = 1 ]; then

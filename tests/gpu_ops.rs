@@ -959,6 +959,7 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
     // 128-row tiles also for conv4's 192 filters a group.
     c.gpu.set_gemm_tiles(GemmTiles::Wide);
     let (wgmma, tma_data) = (c.gpu.wgmma_enabled(), c.gpu.tma_data_enabled());
+    let stages = c.gpu.tma_stages();
     let mut result = Ok(());
     'all: for product in ["forward", "data"] {
         let forward = product == "forward";
@@ -1025,7 +1026,7 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
                     bits_equal(got, same),
                 );
                 let (label, tol) = label_tol(c, p);
-                let got = got.clone();
+                let (fed_name, got) = (fed_name.clone(), got.clone());
                 c.check(
                     test,
                     &format!("{case}{label} {fed_name} vs CPU"),
@@ -1033,6 +1034,21 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
                     &want,
                     tol,
                 );
+                // The producer's ring at its shortest and longest: the same
+                // tiles in the same order, so the same bits.
+                for n in [2, 7] {
+                    c.gpu.set_tma_stages(n)?;
+                    let only_fed = |name: &str| name.ends_with("_wg_tma_big");
+                    let ops = (&ops.0[..], &ops.1[..], &ops.2[..]);
+                    let outs = outputs_by_kernel(c, g, product, ops, set, [true, true], only_fed);
+                    c.gpu.set_tma_stages(stages)?;
+                    let same = outs?.iter().any(|(n, out)| *n == fed_name && bits_equal(out, &got));
+                    c.check_true(
+                        test,
+                        &format!("{case} {p:?}: {fed_name} with {n} stages bit-identical to {stages}"),
+                        same,
+                    );
+                }
             }
         }
     }

@@ -1169,26 +1169,27 @@ impl crate::gemm::TmaTiles for ConvTma {
 /// Convolution forward as [`conv_forward_nhwc_any`]'s 128×128 warpgroup
 /// kernels (not transposed), with both operands fetched by the tensor
 /// memory accelerator ([`ConvTma`]; `maps`: its two 128-byte tensor maps,
-/// made by the host for these x and wt). Grid (⌈N·OH·OW/128⌉, ⌈Fg/128⌉,
-/// G), `gemm::WS_THREADS` threads, `gemm::wshared_bytes_sw()` bytes.
+/// made by the host for these x and wt) into `stages` stages. Grid
+/// (⌈N·OH·OW/128⌉, ⌈Fg/128⌉, G), `gemm::TMA_THREADS` threads,
+/// `gemm::tma_shared_bytes(stages)` bytes.
 #[cfg(feature = "wgmma")]
-unsafe fn conv_forward_tma<const HALF: bool>(s: ConvShape, maps: *const u8, bias: *const f32, y: *mut f32) {
+unsafe fn conv_forward_tma<const HALF: bool>(s: ConvShape, maps: *const u8, stages: u32, bias: *const f32, y: *mut f32) {
     let l = ConvTma::forward(maps, s, HALF);
     let e = StoreOutput { y, bias, s, g: l.g };
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, HALF>(&l, &e, s.fg(), s.n * s.oh * s.ow) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, HALF>(&l, &e, s.fg(), s.n * s.oh * s.ow, stages) };
 }
 
 /// Convolution data gradient (stride 1) as
 /// [`conv_backward_data_nhwc_any`]'s 128×128 warpgroup kernels, with both
 /// operands (the `[G][Cg][KH][KW][Fg]` weights, NHWC dy) fetched by the
 /// tensor memory accelerator ([`ConvTma::data`]). Grid (⌈N·H·W/128⌉,
-/// ⌈Cg/128⌉, G), `gemm::WS_THREADS` threads, `gemm::wshared_bytes_sw()`
-/// bytes.
+/// ⌈Cg/128⌉, G), `gemm::TMA_THREADS` threads,
+/// `gemm::tma_shared_bytes(stages)` bytes.
 #[cfg(feature = "wgmma")]
-unsafe fn conv_backward_data_tma<const HALF: bool>(s: ConvShape, maps: *const u8, dx: *mut f32, mask: *const f32) {
+unsafe fn conv_backward_data_tma<const HALF: bool>(s: ConvShape, maps: *const u8, stages: u32, dx: *mut f32, mask: *const f32) {
     let l = ConvTma::data(maps, s, HALF);
     let e = StoreInputGrad { dx, mask, s, g: l.g };
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, HALF>(&l, &e, s.cg(), s.n * s.h * s.w) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, HALF>(&l, &e, s.cg(), s.n * s.h * s.w, stages) };
 }
 
 /// [`conv_backward_data_tma`] in TF32 (dy and wt TF32-rounded fp32).
@@ -1197,10 +1198,11 @@ unsafe fn conv_backward_data_tma<const HALF: bool>(s: ConvShape, maps: *const u8
 pub unsafe extern "ptx-kernel" fn conv_backward_data_nhwc_tf32_wg_tma_big(
     s: ConvShape,
     maps: *const u8,
+    stages: u32,
     dx: *mut f32,
     mask: *const f32,
 ) {
-    unsafe { conv_backward_data_tma::<false>(s, maps, dx, mask) }
+    unsafe { conv_backward_data_tma::<false>(s, maps, stages, dx, mask) }
 }
 
 /// [`conv_backward_data_tma`] in bf16 (dy and wt bf16).
@@ -1209,25 +1211,38 @@ pub unsafe extern "ptx-kernel" fn conv_backward_data_nhwc_tf32_wg_tma_big(
 pub unsafe extern "ptx-kernel" fn conv_backward_data_nhwc16_bf16_wg_tma_big(
     s: ConvShape,
     maps: *const u8,
+    stages: u32,
     dx: *mut f32,
     mask: *const f32,
 ) {
-    unsafe { conv_backward_data_tma::<true>(s, maps, dx, mask) }
+    unsafe { conv_backward_data_tma::<true>(s, maps, stages, dx, mask) }
 }
 
 /// [`conv_forward_tma`] in TF32 (x and wt TF32-rounded fp32, NHWC and
 /// `[F][KH][KW][Cg]`).
 #[cfg(feature = "wgmma")]
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn conv_forward_nhwc_tf32_wg_tma_big(s: ConvShape, maps: *const u8, bias: *const f32, y: *mut f32) {
-    unsafe { conv_forward_tma::<false>(s, maps, bias, y) }
+pub unsafe extern "ptx-kernel" fn conv_forward_nhwc_tf32_wg_tma_big(
+    s: ConvShape,
+    maps: *const u8,
+    stages: u32,
+    bias: *const f32,
+    y: *mut f32,
+) {
+    unsafe { conv_forward_tma::<false>(s, maps, stages, bias, y) }
 }
 
 /// [`conv_forward_tma`] in bf16 (x and wt bf16).
 #[cfg(feature = "wgmma")]
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn conv_forward_nhwc16_bf16_wg_tma_big(s: ConvShape, maps: *const u8, bias: *const f32, y: *mut f32) {
-    unsafe { conv_forward_tma::<true>(s, maps, bias, y) }
+pub unsafe extern "ptx-kernel" fn conv_forward_nhwc16_bf16_wg_tma_big(
+    s: ConvShape,
+    maps: *const u8,
+    stages: u32,
+    bias: *const f32,
+    y: *mut f32,
+) {
+    unsafe { conv_forward_tma::<true>(s, maps, stages, bias, y) }
 }
 
 /// dy (NHWC, fp32 or bf16 when `H`) gathered as B((kh,kw,f), (n,ih,iw)) for

@@ -619,6 +619,18 @@ pub unsafe fn mbar_arrive_expect_tx(bar: u32, bytes: u32) {
     };
 }
 
+/// This thread's arrival on the barrier at `bar` (release, CTA scope).
+#[inline(always)]
+pub unsafe fn mbar_arrive(bar: u32) {
+    unsafe {
+        asm!(
+            "mbarrier.arrive.shared::cta.b64 _, [{b}];",
+            b = in(reg32) bar,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
 /// Waits until the phase of parity `parity` of the barrier at `bar` has
 /// completed (acquire, CTA scope): its arrivals and its TMA bytes are in.
 /// A phase that never completes (a copy lost, a wrong byte count) traps

@@ -47,7 +47,7 @@
 
 use crate::device::{
     bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
-    fence_proxy_async_shared, ld_shared, mbar_arrive_expect_tx, mbar_init, mbar_init_fence, mbar_wait, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
+    fence_proxy_async_shared, ld_shared, mbar_arrive, mbar_arrive_expect_tx, mbar_init, mbar_init_fence, mbar_wait, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
     shared_addr, st_v2, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wg_desc_sw128, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
     wgmma_wait,
 };
@@ -1284,11 +1284,11 @@ const WS_STAGES: u32 = 4;
 /// Bytes of one stage of the swizzled pipeline: (128 + 128) rows ×
 /// [`WS_ROW`].
 const WS_STAGE_BYTES: u32 = 256 * WS_ROW;
-/// Dynamic shared memory of the 128×128 warpgroup kernels (`_wg_big`,
-/// `_wg_tma_big`): [`WS_STAGES`] stages, 1 KiB to align them to the
-/// 1024-byte swizzle pattern, and the stages' barriers of [`gemm_tile_tma`].
+/// Dynamic shared memory of the 128×128 warpgroup kernels fed by
+/// `cp.async` (`_wg_big`): [`WS_STAGES`] stages and 1 KiB to align them to
+/// the 1024-byte swizzle pattern.
 pub const fn wshared_bytes_sw() -> u32 {
-    WS_STAGES * WS_STAGE_BYTES + 1024 + 8 * WS_STAGES
+    WS_STAGES * WS_STAGE_BYTES + 1024
 }
 /// Threads of a 128×128 warpgroup kernel's block: two warpgroups.
 pub const WS_THREADS: u32 = 2 * VTHREADS;
@@ -1433,58 +1433,99 @@ pub trait TmaTiles {
     unsafe fn load(&self, c: &mut Self::Cursor, a: u32, b: u32, bar: u32);
 }
 
-/// The 128×128 tile of C at block (bid_x, bid_y) on two warpgroups (blocks
-/// of [`WS_THREADS`]), as [`gemm_tile_wg`]'s, but with its operand tiles
-/// fetched by the tensor memory accelerator ([`TmaTiles`]): thread 0 issues
-/// each tile's two copies, two tiles ahead, into [`WS_STAGES`] stages laid
-/// out as [`wg_products_sw`]'s, and an `mbarrier` per stage tells the block
-/// when a tile is in; every thread only waits and issues `wgmma`s. A stage
-/// is refilled after the block's barrier at the top of the tile after next,
-/// which every warp passes only after its `wgmma`s that read the stage.
+/// Most stages [`gemm_tile_tma`] takes: 7 × 32 KiB and their barriers fit
+/// the 227 KiB of shared memory a block may have.
+pub const TMA_STAGES_MAX: u32 = 7;
+/// Threads of a [`gemm_tile_tma`] block: two warpgroups issuing `wgmma`s and
+/// one producer warp.
+pub const TMA_THREADS: u32 = WS_THREADS + 32;
+/// Dynamic shared memory of [`gemm_tile_tma`] with `stages` stages: the
+/// stages, 1 KiB to align them to the 1024-byte swizzle pattern, and two
+/// 8-byte `mbarrier`s per stage ("full" and "empty").
+pub const fn tma_shared_bytes(stages: u32) -> u32 {
+    stages * WS_STAGE_BYTES + 1024 + 16 * stages
+}
+
+/// The 128×128 tile of C at block (bid_x, bid_y), as [`gemm_tile_wg`]'s, with
+/// its operand tiles fetched by the tensor memory accelerator
+/// ([`TmaTiles`]) into `stages` (2..=[`TMA_STAGES_MAX`]) stages laid out as
+/// [`wg_products_sw`]'s. Blocks of [`TMA_THREADS`]: warpgroup h (threads
+/// `128h..`) issues the `wgmma`s of rows `64h..64h+64`; lane 0 of warp 8,
+/// the producer, issues each tile's two copies as soon as its stage is
+/// free. Per stage s, barrier `full[s]` completes when the tile's bytes
+/// are in, `empty[s]` when all 8 consumer warps have finished the `wgmma`s
+/// that read it (each warp's lane 0 arrives once its `wgmma_wait` has seen
+/// them done), so the producer runs up to `stages − 1` tiles ahead of the
+/// slowest warp and no block-wide barrier is taken in the main loop.
 #[inline(always)]
-pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, const HALF: bool>(l: &L, e: &E, m_total: u32, n_total: u32) {
+pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, const HALF: bool>(
+    l: &L,
+    e: &E,
+    m_total: u32,
+    n_total: u32,
+    stages: u32,
+) {
+    if !(2..=TMA_STAGES_MAX).contains(&stages) {
+        unsafe { core::arch::nvptx::trap() };
+    }
     let tid = tid_x();
-    let h = tid / VTHREADS;
+    let (warp, lane) = (tid / 32, tid % 32);
     let smem = (shared_addr(shared::<f32>()) + 1023) & !1023;
-    let bars = smem + WS_STAGES * WS_STAGE_BYTES;
+    let full = smem + stages * WS_STAGE_BYTES;
+    let empty = full + 8 * stages;
     let b_off = 128 * WS_ROW;
     let tiles = l.tiles();
-    // Thread 0's cursor: the next tile to fetch, in order.
-    let fetch = |c: &mut L::Cursor, t: u32| {
-        let (stage, bar) = (smem + (t % WS_STAGES) * WS_STAGE_BYTES, bars + 8 * (t % WS_STAGES));
-        unsafe {
-            mbar_arrive_expect_tx(bar, WS_STAGE_BYTES);
-            l.load(c, stage, stage + b_off, bar);
-        }
-    };
-    let mut cursor = None;
     if tid == 0 {
-        for s in 0..WS_STAGES {
-            unsafe { mbar_init(bars + 8 * s, 1) };
-        }
-        mbar_init_fence();
-        cursor = Some(unsafe { l.prepare() });
-    }
-    sync_threads();
-    if let Some(c) = cursor.as_mut() {
-        for t in 0..WS_STAGES - 2 {
-            if t < tiles {
-                fetch(c, t);
+        for s in 0..stages {
+            unsafe {
+                mbar_init(full + 8 * s, 1);
+                mbar_init(empty + 8 * s, WS_THREADS / 32);
             }
         }
+        mbar_init_fence();
     }
-    let mut acc = [0.0f32; 64];
-    for t in 0..tiles {
-        // Every warp has waited for tile t − 2's `wgmma`s: its stage is free.
-        sync_threads();
-        if let Some(c) = cursor.as_mut()
-            && t + WS_STAGES - 2 < tiles
-        {
-            fetch(c, t + WS_STAGES - 2);
+    sync_threads();
+    if warp == WS_THREADS / 32 {
+        if lane == 0 {
+            let mut c = unsafe { l.prepare() };
+            let (mut s, mut round) = (0, 0u32);
+            for _ in 0..tiles {
+                if round > 0 {
+                    unsafe { mbar_wait(empty + 8 * s, (round - 1) % 2) };
+                }
+                let stage = smem + s * WS_STAGE_BYTES;
+                unsafe {
+                    mbar_arrive_expect_tx(full + 8 * s, WS_STAGE_BYTES);
+                    l.load(&mut c, stage, stage + b_off, full + 8 * s);
+                }
+                s += 1;
+                if s == stages {
+                    s = 0;
+                    round += 1;
+                }
+            }
         }
-        unsafe { mbar_wait(bars + 8 * (t % WS_STAGES), (t / WS_STAGES) % 2) };
-        let stage = smem + (t % WS_STAGES) * WS_STAGE_BYTES;
+        return;
+    }
+    let h = tid / VTHREADS;
+    let mut acc = [0.0f32; 64];
+    let (mut s, mut round, mut last) = (0, 0u32, None);
+    for _ in 0..tiles {
+        unsafe { mbar_wait(full + 8 * s, round % 2) };
+        let stage = smem + s * WS_STAGE_BYTES;
         ws_mma::<HALF>(&mut acc, stage + 64 * h * WS_ROW, stage + b_off);
+        // `ws_mma` waited for the tile before this one: its stage is free.
+        if let Some(p) = last
+            && lane == 0
+        {
+            unsafe { mbar_arrive(empty + 8 * p) };
+        }
+        last = Some(s);
+        s += 1;
+        if s == stages {
+            s = 0;
+            round += 1;
+        }
     }
     wgmma_wait::<0>();
     wgmma_hold::<128>(&mut acc);

@@ -112,6 +112,7 @@ pub(super) fn vec_cfg(cfg: LaunchConfig, name: &str) -> LaunchConfig {
         VecTile::Slim => (3, 192, gx),
     };
     let (threads, shared_mem_bytes) = match (is_wg_kernel(name), tile) {
+        (true, VecTile::Big) if name.contains("_tma") => (WG_TMA_THREADS, tma_shared(TMA_STAGES)),
         (true, VecTile::Big) => (WG_BIG_THREADS, WG_BIG_SHARED),
         (true, _) => (128, 4 * rows * 64),
         (false, _) => (128, stages * rows * 80),
@@ -133,14 +134,26 @@ pub(super) fn is_wg_kernel(name: &str) -> bool {
 /// of 64 bytes for the warpgroup engine's 128×128 tiles), over the 48 KiB a
 /// kernel gets without opting in.
 pub(super) const VEC_SHARED_MAX: i32 = 4 * 256 * 64;
-/// Dynamic shared memory of the 128×128 warpgroup kernels (`_wg_big`,
-/// `_wg_tma_big`): `gemm::wshared_bytes_sw`, 4 stages of 256 rows × 128
-/// bytes of k, 1 KiB to align them to the swizzle's 1024-byte atoms, and
-/// the TMA kernels' four 8-byte stage barriers.
-pub(super) const WG_BIG_SHARED: u32 = 4 * 256 * 128 + 1024 + 32;
+/// Dynamic shared memory of the 128×128 warpgroup kernels fed by `cp.async`
+/// (`_wg_big`): `gemm::wshared_bytes_sw`, 4 stages of 256 rows × 128 bytes
+/// of k and 1 KiB to align them to the swizzle's 1024-byte atoms.
+pub(super) const WG_BIG_SHARED: u32 = 4 * 256 * 128 + 1024;
 /// Threads of a 128×128 warpgroup kernel's block (`gemm::WS_THREADS`): two
 /// warpgroups, one per 64 rows.
 pub(super) const WG_BIG_THREADS: u32 = 256;
+/// Threads of a TMA-fed kernel's block (`_wg_tma_big`, `gemm::TMA_THREADS`):
+/// the two warpgroups and a producer warp.
+pub(super) const WG_TMA_THREADS: u32 = WG_BIG_THREADS + 32;
+/// The TMA-fed kernels' stages unless `ALEXNET_TMA_STAGES` says otherwise,
+/// and the most they take (`gemm::TMA_STAGES_MAX`).
+pub(super) const TMA_STAGES: u32 = 4;
+pub(super) const TMA_STAGES_MAX: u32 = 7;
+/// Dynamic shared memory of a TMA-fed kernel with `stages` stages
+/// (`gemm::tma_shared_bytes`): 32 KiB each, 1 KiB of alignment, a "full"
+/// and an "empty" barrier per stage.
+pub(super) const fn tma_shared(stages: u32) -> u32 {
+    stages * 256 * 128 + 1024 + 16 * stages
+}
 
 /// Whether kernel `name` runs on the vector engine (and so needs
 /// [`VEC_SHARED_MAX`] bytes of dynamic shared memory allowed).
@@ -505,7 +518,7 @@ pub(super) fn fc_backward_bias(
 
 #[cfg(test)]
 mod tests {
-    use super::{VEC_SHARED_MAX, WG_BIG_SHARED, WG_BIG_THREADS, vec_cfg};
+    use super::{TMA_STAGES_MAX, VEC_SHARED_MAX, WG_BIG_SHARED, WG_BIG_THREADS, WG_TMA_THREADS, tma_shared, vec_cfg};
     use cudarc::driver::LaunchConfig;
 
     /// Launch shapes from kernel names: 128-column tiles halve grid x, and
@@ -528,31 +541,27 @@ mod tests {
             ("conv_backward_data_nhwc_t_tf32_slim", 9, 3 * 192 * 80),
             ("conv_forward_nhwc_tf32_wg", 9, 4 * 128 * 64),
             ("conv_forward_nhwc_tf32_wg_wide", 9, 4 * 192 * 64),
-            (
-                "conv_forward_nhwc_tf32_wg_big",
-                5,
-                4 * 256 * 128 + 1024 + 32,
-            ),
+            ("conv_forward_nhwc_tf32_wg_big", 5, 4 * 256 * 128 + 1024),
             (
                 "conv_forward_nhwc16_bf16_wg_tma_big",
                 5,
-                4 * 256 * 128 + 1024 + 32,
+                4 * 256 * 128 + 1024 + 64,
             ),
             ("conv_forward_nhwc16_bf16_wg_long", 5, 4 * 192 * 64),
         ] {
             let cfg = vec_cfg(grid, name);
             assert_eq!(cfg.grid_dim, (gx, 2, 3), "{name}");
-            let threads = if name.ends_with("_big") && name.contains("_wg") {
-                WG_BIG_THREADS
-            } else {
-                128
+            let threads = match (name.ends_with("_big") && name.contains("_wg"), name.contains("_tma")) {
+                (true, true) => WG_TMA_THREADS,
+                (true, false) => WG_BIG_THREADS,
+                _ => 128,
             };
             assert_eq!(cfg.block_dim, (threads, 1, 1), "{name}");
             assert_eq!(cfg.shared_mem_bytes, bytes, "{name}");
-            let allowed = if name.ends_with("_big") && name.contains("_wg") {
-                WG_BIG_SHARED
-            } else {
-                VEC_SHARED_MAX as u32
+            let allowed = match (name.ends_with("_big") && name.contains("_wg"), name.contains("_tma")) {
+                (true, true) => tma_shared(TMA_STAGES_MAX),
+                (true, false) => WG_BIG_SHARED,
+                _ => VEC_SHARED_MAX as u32,
             };
             assert!(cfg.shared_mem_bytes <= allowed, "{name}");
         }

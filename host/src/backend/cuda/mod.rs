@@ -399,6 +399,9 @@ pub struct CudaBackend {
     tma_data: bool,
     /// The TMA kernels' tensor maps (`tma.rs`).
     tma_maps: Mutex<tma::TmaMaps>,
+    /// The TMA kernels' stages of 32 KiB (`ALEXNET_TMA_STAGES`, 2 to 7;
+    /// the producer warp runs up to one fewer K tiles ahead).
+    tma_stages: u32,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
     scratch: [Mutex<Option<CudaSlice<f32>>>; 5],
@@ -524,7 +527,11 @@ impl CudaBackend {
                 let cfg = gemm::vec_cfg(LaunchConfig::for_num_elems(1), name);
                 f.set_attribute(
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    gemm::VEC_SHARED_MAX.max(cfg.shared_mem_bytes as i32),
+                    if name.contains("_tma") {
+                        gemm::tma_shared(gemm::TMA_STAGES_MAX) as i32
+                    } else {
+                        gemm::VEC_SHARED_MAX.max(cfg.shared_mem_bytes as i32)
+                    },
                 )
                 .map_err(|e| anyhow!("allowing {name} its shared memory failed: {e}"))?;
                 let blocks = f
@@ -586,6 +593,19 @@ impl CudaBackend {
             tma: hopper && !std::env::var("ALEXNET_TMA").is_ok_and(|v| v == "0"),
             tma_data: hopper && std::env::var("ALEXNET_TMA_DATA").is_ok_and(|v| v == "1"),
             tma_maps: Mutex::new(tma::TmaMaps::new()),
+            tma_stages: match std::env::var("ALEXNET_TMA_STAGES") {
+                Err(_) => gemm::TMA_STAGES,
+                Ok(v) => v
+                    .parse()
+                    .ok()
+                    .filter(|n| (2..=gemm::TMA_STAGES_MAX).contains(n))
+                    .ok_or_else(|| {
+                        anyhow!(
+                            "ALEXNET_TMA_STAGES must be a whole number from 2 to {}, got {v:?}",
+                            gemm::TMA_STAGES_MAX
+                        )
+                    })?,
+            },
             scratch: Default::default(),
             step_values,
             capturing: AtomicBool::new(false),
@@ -824,6 +844,27 @@ impl CudaBackend {
     pub fn set_tma_data(&mut self, on: bool) {
         self.tma_data = on && self.has_wgmma;
         self.settings_changed();
+    }
+
+    /// The TMA kernels' stages.
+    pub fn tma_stages(&self) -> u32 {
+        self.tma_stages
+    }
+
+    /// Sets the TMA kernels' stages (2 to 7).
+    pub fn set_tma_stages(&mut self, stages: u32) -> Result<()> {
+        if !(2..=gemm::TMA_STAGES_MAX).contains(&stages) {
+            bail!("TMA stages must be from 2 to {}, got {stages}", gemm::TMA_STAGES_MAX);
+        }
+        self.tma_stages = stages;
+        self.settings_changed();
+        Ok(())
+    }
+
+    /// `cfg` of a TMA kernel with this backend's stages, and the stages.
+    fn tma_cfg(&self, cfg: LaunchConfig) -> (LaunchConfig, u32) {
+        let shared_mem_bytes = gemm::tma_shared(self.tma_stages);
+        (LaunchConfig { shared_mem_bytes, ..cfg }, self.tma_stages)
     }
 
     /// Whether the TMA data gradients are on.
