@@ -101,6 +101,8 @@ if [ "${TMA:-0}" = 1 ]; then
   done
   # The producer's ring: 2 to 7 stages of 32 KiB (4 by default), then ncu
   # on conv3's TF32 forward and data gradient.
+  # kernels-base: the same benchmark of an earlier build, put there by hand.
+  [ -x .gpf/bin/kernels-base ] && r k-base 60 env ALEXNET_TMA_DATA=1 .gpf/bin/kernels-base conv_forward conv_backward_data
   for st in 2 3 5 6 7; do
     r k-stages-$st 60 env ALEXNET_TMA_STAGES=$st ALEXNET_TMA_DATA=1 .gpf/bin/kernels conv_forward conv_backward_data
   done
