@@ -20,7 +20,8 @@
 # with the default); TMA=1 the TMA-fed conv forwards' (gpu_ops conv_tma,
 # under memcheck and racecheck too; `kernels conv_forward` as the step runs
 # it and with 128×128 tiles forced, on and off TMA; host bench with
-# ALEXNET_TMA=0; the data gradients' with ALEXNET_TMA_DATA=1). Steps that
+# ALEXNET_TMA=0; the data gradients' with ALEXNET_TMA_DATA=1; the stages
+# and resident blocks, ALEXNET_TMA_STAGES and _PERSISTENT). Steps that
 # would pass $DEADLINE s are skipped (and say so).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -99,12 +100,19 @@ if [ "${TMA:-0}" = 1 ]; then
   for p in tf32 bf16; do
     r bench-$p-tma-data 60 env ALEXNET_TMA_DATA=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
-  # The producer's ring: 2 to 7 stages of 32 KiB (4 by default), then ncu
-  # on conv3's TF32 forward and data gradient.
   # kernels-base: the same benchmark of an earlier build, put there by hand.
   [ -x .gpf/bin/kernels-base ] && r k-base 60 env ALEXNET_TMA_DATA=1 .gpf/bin/kernels-base conv_forward conv_backward_data
-  for st in 2 3 5 6 7; do
+  # The producer's ring: 2 to 7 stages of 32 KiB (4 by default), a block
+  # per tile or resident blocks looping over tiles; then ncu on conv3's
+  # TF32 forward and data gradient.
+  for st in 2 3 5 7; do
     r k-stages-$st 60 env ALEXNET_TMA_STAGES=$st ALEXNET_TMA_DATA=1 .gpf/bin/kernels conv_forward conv_backward_data
+  done
+  for st in 3 4 6; do
+    r k-resident-$st 60 env ALEXNET_TMA_PERSISTENT=1 ALEXNET_TMA_STAGES=$st ALEXNET_TMA_DATA=1 .gpf/bin/kernels conv_forward conv_backward_data
+  done
+  for p in tf32 bf16; do
+    r bench-$p-resident 60 env ALEXNET_TMA_PERSISTENT=1 ALEXNET_TMA_DATA=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
   for k in conv_forward conv_backward_data; do
     r ncu-tma-$k 90 env ALEXNET_TMA_DATA=1 ncu --clock-control none -k regex:${k}_nhwc_tf32_wg_tma_big -c 1 \

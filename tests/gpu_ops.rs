@@ -20,7 +20,7 @@
 
 use anyhow::Result;
 use host::backend::cpu::CpuBackend;
-use host::backend::cuda::{CudaBackend, Elem, GemmTiles, unavailable_reason};
+use host::backend::cuda::{CudaBackend, Elem, GemmTiles, TmaGrid, unavailable_reason};
 use host::backend::*;
 use host::config::Precision;
 use host::model::Model;
@@ -959,7 +959,7 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
     // 128-row tiles also for conv4's 192 filters a group.
     c.gpu.set_gemm_tiles(GemmTiles::Wide);
     let (wgmma, tma_data) = (c.gpu.wgmma_enabled(), c.gpu.tma_data_enabled());
-    let stages = c.gpu.tma_stages();
+    let (stages, tma_grid) = (c.gpu.tma_stages(), c.gpu.tma_grid());
     let mut result = Ok(());
     'all: for product in ["forward", "data"] {
         let forward = product == "forward";
@@ -1034,18 +1034,27 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
                     &want,
                     tol,
                 );
-                // The producer's ring at its shortest and longest: the same
-                // tiles in the same order, so the same bits.
-                for n in [2, 7] {
+                // The producer's ring at its shortest and longest, and
+                // blocks that loop over tiles (three blocks: the ring runs on
+                // from tile to tile): the same products, so the same bits.
+                for (n, grid) in [
+                    (2, TmaGrid::PerTile),
+                    (7, TmaGrid::PerTile),
+                    (stages, TmaGrid::Resident),
+                    (2, TmaGrid::Blocks(3)),
+                    (7, TmaGrid::Blocks(3)),
+                ] {
                     c.gpu.set_tma_stages(n)?;
+                    c.gpu.set_tma_grid(grid);
                     let only_fed = |name: &str| name.ends_with("_wg_tma_big");
                     let ops = (&ops.0[..], &ops.1[..], &ops.2[..]);
                     let outs = outputs_by_kernel(c, g, product, ops, set, [true, true], only_fed);
                     c.gpu.set_tma_stages(stages)?;
+                    c.gpu.set_tma_grid(tma_grid);
                     let same = outs?.iter().any(|(n, out)| *n == fed_name && bits_equal(out, &got));
                     c.check_true(
                         test,
-                        &format!("{case} {p:?}: {fed_name} with {n} stages bit-identical to {stages}"),
+                        &format!("{case} {p:?}: {fed_name} with {n} stages, {grid:?}, bit-identical"),
                         same,
                     );
                 }

@@ -1054,8 +1054,7 @@ gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const 
 struct ConvTma {
     maps: *const u8,
     s: ConvShape,
-    g: u32,
-    /// The block's first row of A (of all groups'), its first window's
+    /// The tile's first row of A (of all groups'), its first window's
     /// image and corner, and the group's first channel of B's tensor.
     row: u32,
     img: u32,
@@ -1071,16 +1070,15 @@ struct ConvTma {
 
 #[cfg(feature = "wgmma")]
 impl ConvTma {
+    /// Tile (x, y) (128 output pixels × 128 filters) of group g.
     #[inline(always)]
-    fn forward(maps: *const u8, s: ConvShape, half: bool) -> Self {
-        let g = bid_z();
-        let p = bid_x() * 128;
+    fn forward(maps: *const u8, s: ConvShape, half: bool, [x, y, g]: [u32; 3]) -> Self {
+        let p = x * 128;
         let (img, q) = (p / (s.oh * s.ow), p % (s.oh * s.ow));
         ConvTma {
             maps,
             s,
-            g,
-            row: g * s.fg() + bid_y() * 128,
+            row: g * s.fg() + y * 128,
             img,
             ih: ((q / s.ow) * s.stride) as i32 - s.pad as i32,
             iw: ((q % s.ow) * s.stride) as i32 - s.pad as i32,
@@ -1091,16 +1089,15 @@ impl ConvTma {
         }
     }
 
+    /// Tile (x, y) (128 input pixels × 128 channels) of group g.
     #[inline(always)]
-    fn data(maps: *const u8, s: ConvShape, half: bool) -> Self {
-        let g = bid_z();
-        let p = bid_x() * 128;
+    fn data(maps: *const u8, s: ConvShape, half: bool, [x, y, g]: [u32; 3]) -> Self {
+        let p = x * 128;
         let (img, q) = (p / (s.h * s.w), p % (s.h * s.w));
         ConvTma {
             maps,
             s,
-            g,
-            row: g * s.cg() + bid_y() * 128,
+            row: g * s.cg() + y * 128,
             img,
             ih: (q / s.w) as i32 - (s.kh - 1 - s.pad) as i32,
             iw: (q % s.w) as i32 - (s.kw - 1 - s.pad) as i32,
@@ -1126,12 +1123,15 @@ struct TmaCursor {
 impl crate::gemm::TmaTiles for ConvTma {
     type Cursor = TmaCursor;
     #[inline(always)]
-    unsafe fn prepare(&self) -> TmaCursor {
+    unsafe fn acquire(&self) {
         use crate::device::tma_map_acquire;
         unsafe {
             tma_map_acquire(self.maps);
             tma_map_acquire(self.maps.add(128));
         }
+    }
+    #[inline(always)]
+    fn start(&self) -> TmaCursor {
         TmaCursor { kh: 0, kw: 0, c: 0, k: 0 }
     }
     #[inline(always)]
@@ -1169,27 +1169,35 @@ impl crate::gemm::TmaTiles for ConvTma {
 /// Convolution forward as [`conv_forward_nhwc_any`]'s 128×128 warpgroup
 /// kernels (not transposed), with both operands fetched by the tensor
 /// memory accelerator ([`ConvTma`]; `maps`: its two 128-byte tensor maps,
-/// made by the host for these x and wt) into `stages` stages. Grid
-/// (⌈N·OH·OW/128⌉, ⌈Fg/128⌉, G), `gemm::TMA_THREADS` threads,
-/// `gemm::tma_shared_bytes(stages)` bytes.
+/// made by the host for these x and wt) into `stages` stages. Tiles
+/// (⌈N·OH·OW/128⌉ × ⌈Fg/128⌉ × G of them) over a 1-D grid of any size,
+/// `gemm::TMA_THREADS` threads, `gemm::tma_shared_bytes(stages)` bytes.
 #[cfg(feature = "wgmma")]
 unsafe fn conv_forward_tma<const HALF: bool>(s: ConvShape, maps: *const u8, stages: u32, bias: *const f32, y: *mut f32) {
-    let l = ConvTma::forward(maps, s, HALF);
-    let e = StoreOutput { y, bias, s, g: l.g };
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, HALF>(&l, &e, s.fg(), s.n * s.oh * s.ow, stages) };
+    let tile = |t: [u32; 3]| {
+        let l = ConvTma::forward(maps, s, HALF, t);
+        let e = StoreOutput { y, bias, s, g: t[2] };
+        (l, e)
+    };
+    let dims = [s.n * s.oh * s.ow, s.fg(), s.groups];
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF>(tile, dims, stages) };
 }
 
 /// Convolution data gradient (stride 1) as
 /// [`conv_backward_data_nhwc_any`]'s 128×128 warpgroup kernels, with both
 /// operands (the `[G][Cg][KH][KW][Fg]` weights, NHWC dy) fetched by the
-/// tensor memory accelerator ([`ConvTma::data`]). Grid (⌈N·H·W/128⌉,
-/// ⌈Cg/128⌉, G), `gemm::TMA_THREADS` threads,
-/// `gemm::tma_shared_bytes(stages)` bytes.
+/// tensor memory accelerator ([`ConvTma::data`]). Tiles (⌈N·H·W/128⌉ ×
+/// ⌈Cg/128⌉ × G tiles over a 1-D grid of any size), `gemm::TMA_THREADS`
+/// threads, `gemm::tma_shared_bytes(stages)` bytes.
 #[cfg(feature = "wgmma")]
 unsafe fn conv_backward_data_tma<const HALF: bool>(s: ConvShape, maps: *const u8, stages: u32, dx: *mut f32, mask: *const f32) {
-    let l = ConvTma::data(maps, s, HALF);
-    let e = StoreInputGrad { dx, mask, s, g: l.g };
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, HALF>(&l, &e, s.cg(), s.n * s.h * s.w, stages) };
+    let tile = |t: [u32; 3]| {
+        let l = ConvTma::data(maps, s, HALF, t);
+        let e = StoreInputGrad { dx, mask, s, g: t[2] };
+        (l, e)
+    };
+    let dims = [s.n * s.h * s.w, s.cg(), s.groups];
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF>(tile, dims, stages) };
 }
 
 /// [`conv_backward_data_tma`] in TF32 (dy and wt TF32-rounded fp32).

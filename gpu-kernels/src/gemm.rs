@@ -46,7 +46,7 @@
 //! given as [`TmaTiles`]).
 
 use crate::device::{
-    bid_x, bid_y, bid_z, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
+    bid_x, bid_y, bid_z, gdim_x, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
     fence_proxy_async_shared, ld_shared, mbar_arrive, mbar_arrive_expect_tx, mbar_init, mbar_init_fence, mbar_wait, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
     shared_addr, st_v2, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wg_desc_sw128, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
     wgmma_wait,
@@ -1417,17 +1417,18 @@ unsafe fn wg_products_sw<A: VecOperand, B: VecOperand, const HALF: bool>(
     acc
 }
 
-/// The operands of [`gemm_tile_tma`], fetched by the tensor memory
-/// accelerator: K tile after tile (of [`TmaTiles::tiles`]), A's (the
-/// block's 128 rows × 128 bytes of k) and B's (its 128 columns × the same
+/// The operands of one C tile of [`gemm_tile_tma`], fetched by the tensor
+/// memory accelerator: K tile after tile (of [`TmaTiles::tiles`]), A's (the
+/// tile's 128 rows × 128 bytes of k) and B's (its 128 columns × the same
 /// k) into shared memory at `a` and `b`, 128-byte-swizzled, completing on
 /// the `mbarrier` at `bar` ([`WS_STAGE_BYTES`] in all, zeros outside the
 /// operands); the cursor names the next tile.
 pub trait TmaTiles {
     type Cursor;
-    /// Readies the tensor maps (thread 0, once, before the first load) and
-    /// gives a cursor at the first K tile.
-    unsafe fn prepare(&self) -> Self::Cursor;
+    /// Readies the tensor maps (by the producer, before its first load).
+    unsafe fn acquire(&self);
+    /// A cursor at the first K tile.
+    fn start(&self) -> Self::Cursor;
     fn tiles(&self) -> u32;
     /// Loads the cursor's tile and moves the cursor to the next.
     unsafe fn load(&self, c: &mut Self::Cursor, a: u32, b: u32, bar: u32);
@@ -1446,23 +1447,26 @@ pub const fn tma_shared_bytes(stages: u32) -> u32 {
     stages * WS_STAGE_BYTES + 1024 + 16 * stages
 }
 
-/// The 128×128 tile of C at block (bid_x, bid_y), as [`gemm_tile_wg`]'s, with
-/// its operand tiles fetched by the tensor memory accelerator
-/// ([`TmaTiles`]) into `stages` (2..=[`TMA_STAGES_MAX`]) stages laid out as
-/// [`wg_products_sw`]'s. Blocks of [`TMA_THREADS`]: warpgroup h (threads
-/// `128h..`) issues the `wgmma`s of rows `64h..64h+64`; lane 0 of warp 8,
-/// the producer, issues each tile's two copies as soon as its stage is
-/// free. Per stage s, barrier `full[s]` completes when the tile's bytes
-/// are in, `empty[s]` when all 8 consumer warps have finished the `wgmma`s
-/// that read it (each warp's lane 0 arrives once its `wgmma_wait` has seen
-/// them done), so the producer runs up to `stages − 1` tiles ahead of the
-/// slowest warp and no block-wide barrier is taken in the main loop.
+/// The 128×128 tiles of C (`dims`: N, M, and independent problems, such as
+/// groups), each as [`gemm_tile_wg`]'s, with their operand tiles fetched by
+/// the tensor memory accelerator ([`TmaTiles`], `tile([x, y, problem])`
+/// giving a tile's operands and epilogue) into `stages`
+/// (2..=[`TMA_STAGES_MAX`]) stages laid out as [`wg_products_sw`]'s.
+/// Block b of a 1-D grid takes tiles b, b + grid, … (x fastest, then y,
+/// then the problem: a grid of one block per tile is the usual launch
+/// order; a smaller one keeps blocks resident). Blocks of [`TMA_THREADS`]:
+/// warpgroup h (threads `128h..`) issues the `wgmma`s of rows
+/// `64h..64h+64`; lane 0 of warp 8, the producer, issues each K tile's two
+/// copies as soon as its stage is free, through all the block's tiles, so
+/// the next tile's first copies overlap this one's stores. Per stage s,
+/// barrier `full[s]` completes when the tile's bytes are in, `empty[s]`
+/// when all 8 consumer warps have finished the `wgmma`s that read it (each
+/// warp's lane 0 arrives once its `wgmma_wait` has seen them done); no
+/// block-wide barrier is taken after the set-up.
 #[inline(always)]
-pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, const HALF: bool>(
-    l: &L,
-    e: &E,
-    m_total: u32,
-    n_total: u32,
+pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, T: Fn([u32; 3]) -> (L, E), const HALF: bool>(
+    tile: T,
+    [n_total, m_total, problems]: [u32; 3],
     stages: u32,
 ) {
     if !(2..=TMA_STAGES_MAX).contains(&stages) {
@@ -1474,7 +1478,9 @@ pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, const HALF: bool>(
     let full = smem + stages * WS_STAGE_BYTES;
     let empty = full + 8 * stages;
     let b_off = 128 * WS_ROW;
-    let tiles = l.tiles();
+    let (nx, ny) = (n_total.div_ceil(128), m_total.div_ceil(128));
+    let total = nx * ny * problems;
+    let at = |i: u32| [i % nx, i / nx % ny, i / (nx * ny)];
     if tid == 0 {
         for s in 0..stages {
             unsafe {
@@ -1485,51 +1491,72 @@ pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, const HALF: bool>(
         mbar_init_fence();
     }
     sync_threads();
-    if warp == WS_THREADS / 32 {
-        if lane == 0 {
-            let mut c = unsafe { l.prepare() };
-            let (mut s, mut round) = (0, 0u32);
-            for _ in 0..tiles {
-                if round > 0 {
-                    unsafe { mbar_wait(empty + 8 * s, (round - 1) % 2) };
-                }
-                let stage = smem + s * WS_STAGE_BYTES;
-                unsafe {
-                    mbar_arrive_expect_tx(full + 8 * s, WS_STAGE_BYTES);
-                    l.load(&mut c, stage, stage + b_off, full + 8 * s);
-                }
-                s += 1;
-                if s == stages {
-                    s = 0;
-                    round += 1;
-                }
-            }
-        }
-        return;
-    }
-    let h = tid / VTHREADS;
-    let mut acc = [0.0f32; 64];
-    let (mut s, mut round, mut last) = (0, 0u32, None);
-    for _ in 0..tiles {
-        unsafe { mbar_wait(full + 8 * s, round % 2) };
-        let stage = smem + s * WS_STAGE_BYTES;
-        ws_mma::<HALF>(&mut acc, stage + 64 * h * WS_ROW, stage + b_off);
-        // `ws_mma` waited for the tile before this one: its stage is free.
-        if let Some(p) = last
-            && lane == 0
-        {
-            unsafe { mbar_arrive(empty + 8 * p) };
-        }
-        last = Some(s);
+    // The ring's next stage and how many times it has wrapped.
+    let (mut s, mut round) = (0u32, 0u32);
+    let mut next = || {
+        let now = (s, round);
         s += 1;
         if s == stages {
             s = 0;
             round += 1;
         }
+        now
+    };
+    if warp == WS_THREADS / 32 {
+        if lane == 0 {
+            let mut i = bid_x();
+            while i < total {
+                let (l, _) = tile(at(i));
+                if i == bid_x() {
+                    unsafe { l.acquire() };
+                }
+                let mut c = l.start();
+                for _ in 0..l.tiles() {
+                    let (s, round) = next();
+                    if round > 0 {
+                        unsafe { mbar_wait(empty + 8 * s, (round - 1) % 2) };
+                    }
+                    let stage = smem + s * WS_STAGE_BYTES;
+                    unsafe {
+                        mbar_arrive_expect_tx(full + 8 * s, WS_STAGE_BYTES);
+                        l.load(&mut c, stage, stage + b_off, full + 8 * s);
+                    }
+                }
+                i += gdim_x();
+            }
+        }
+        return;
     }
-    wgmma_wait::<0>();
-    wgmma_hold::<128>(&mut acc);
-    unsafe { wg_store(e, &acc, 128, bid_y() * 128, bid_x() * 128, m_total, n_total) };
+    let h = tid / VTHREADS;
+    let mut i = bid_x();
+    while i < total {
+        let [x, y, problem] = at(i);
+        let (l, e) = tile([x, y, problem]);
+        let mut acc = [0.0f32; 64];
+        let mut last = None;
+        for _ in 0..l.tiles() {
+            let (s, round) = next();
+            unsafe { mbar_wait(full + 8 * s, round % 2) };
+            let stage = smem + s * WS_STAGE_BYTES;
+            ws_mma::<HALF>(&mut acc, stage + 64 * h * WS_ROW, stage + b_off);
+            // `ws_mma` waited for the K tile before this one: its stage is free.
+            if let Some(p) = last
+                && lane == 0
+            {
+                unsafe { mbar_arrive(empty + 8 * p) };
+            }
+            last = Some(s);
+        }
+        wgmma_wait::<0>();
+        if let Some(p) = last
+            && lane == 0
+        {
+            unsafe { mbar_arrive(empty + 8 * p) };
+        }
+        wgmma_hold::<128>(&mut acc);
+        unsafe { wg_store(&e, &acc, 128, y * 128, x * 128, m_total, n_total) };
+        i += gdim_x();
+    }
 }
 
 /// The products of [`gemm_tile_wg`] (tiles of 64 bytes of k per row,

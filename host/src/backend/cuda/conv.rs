@@ -120,7 +120,7 @@ pub(super) fn conv_forward(
             relayout(be, Scratch::W, w, [g.c_out, cg, kk], cg, p.half, |wt| {
                 if p.name.contains("_tma") {
                     let maps = be.conv_tma_maps(g, TmaProduct::Forward, xc, wt, p.half)?;
-                    let (cfg, stages) = be.tma_cfg(p.cfg);
+                    let (cfg, stages) = be.tma_cfg(p.name, p.cfg)?;
                     launch!(be, p.name, cfg, what; &s, &maps, &stages, bias, y)
                 } else {
                     launch!(be, p.name, p.cfg, what; &s, xc, wt, bias, y)
@@ -700,7 +700,7 @@ fn data_from_nhwc(
     relayout(be, Scratch::W, w, dims, fg, plan.half, |wt| {
         if plan.name.contains("_tma") {
             let maps = be.conv_tma_maps(g, TmaProduct::Data, dyt, wt, plan.half)?;
-            let (cfg, stages) = be.tma_cfg(plan.cfg);
+            let (cfg, stages) = be.tma_cfg(plan.name, plan.cfg)?;
             launch!(be, plan.name, cfg, what; s, &maps, &stages, dx, mask)
         } else {
             launch!(be, plan.name, plan.cfg, what; s, dyt, wt, dx, mask)

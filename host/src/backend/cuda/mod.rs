@@ -289,6 +289,20 @@ fn gpu_err(e: DriverError) -> anyhow::Error {
     anyhow!("CUDA error: {e}")
 }
 
+/// How a TMA kernel's 1-D grid covers its 128×128 tiles (each block takes
+/// tiles b, b + grid, …).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TmaGrid {
+    /// One block per tile.
+    PerTile,
+    /// As many blocks as stay resident on the GPU at once, each looping
+    /// over tiles, so that a tile's stores overlap the next one's copies.
+    Resident,
+    /// At most this many blocks (tests: tiles per block beyond what the
+    /// shape gives).
+    Blocks(u32),
+}
+
 /// The CUDA backend for one GPU.
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
@@ -402,6 +416,9 @@ pub struct CudaBackend {
     /// The TMA kernels' stages of 32 KiB (`ALEXNET_TMA_STAGES`, 2 to 7;
     /// the producer warp runs up to one fewer K tiles ahead).
     tma_stages: u32,
+    /// How the TMA kernels' grid covers their tiles (`ALEXNET_TMA_PERSISTENT=1`:
+    /// resident blocks that loop over tiles).
+    tma_grid: TmaGrid,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
     scratch: [Mutex<Option<CudaSlice<f32>>>; 5],
@@ -593,6 +610,11 @@ impl CudaBackend {
             tma: hopper && !std::env::var("ALEXNET_TMA").is_ok_and(|v| v == "0"),
             tma_data: hopper && std::env::var("ALEXNET_TMA_DATA").is_ok_and(|v| v == "1"),
             tma_maps: Mutex::new(tma::TmaMaps::new()),
+            tma_grid: if std::env::var("ALEXNET_TMA_PERSISTENT").is_ok_and(|v| v == "1") {
+                TmaGrid::Resident
+            } else {
+                TmaGrid::PerTile
+            },
             tma_stages: match std::env::var("ALEXNET_TMA_STAGES") {
                 Err(_) => gemm::TMA_STAGES,
                 Ok(v) => v
@@ -861,10 +883,44 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// `cfg` of a TMA kernel with this backend's stages, and the stages.
-    fn tma_cfg(&self, cfg: LaunchConfig) -> (LaunchConfig, u32) {
+    /// How the TMA kernels' grid covers their tiles.
+    pub fn tma_grid(&self) -> TmaGrid {
+        self.tma_grid
+    }
+
+    /// Sets how the TMA kernels' grid covers their tiles.
+    pub fn set_tma_grid(&mut self, grid: TmaGrid) {
+        self.tma_grid = grid;
+        self.settings_changed();
+    }
+
+    /// The launch of TMA kernel `name` for `cfg`'s grid of 128×128 tiles
+    /// (the kernel takes them in a 1-D grid: one block per tile, or as many
+    /// as stay resident), with this backend's stages, and the stages.
+    fn tma_cfg(&self, name: &str, cfg: LaunchConfig) -> Result<(LaunchConfig, u32)> {
         let shared_mem_bytes = gemm::tma_shared(self.tma_stages);
-        (LaunchConfig { shared_mem_bytes, ..cfg }, self.tma_stages)
+        let (gx, gy, gz) = cfg.grid_dim;
+        let tiles = gx * gy * gz;
+        let blocks = if let TmaGrid::Blocks(n) = self.tma_grid {
+            tiles.min(n.max(1))
+        } else if self.tma_grid == TmaGrid::Resident {
+            let per_sm = self.funcs[name]
+                .occupancy_max_active_blocks_per_multiprocessor(
+                    cfg.block_dim.0,
+                    shared_mem_bytes as usize,
+                    None,
+                )
+                .map_err(|e| anyhow!("occupancy of {name}: {e}"))?;
+            tiles.min(per_sm.max(1) * self.sm_count)
+        } else {
+            tiles
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            shared_mem_bytes,
+            ..cfg
+        };
+        Ok((cfg, self.tma_stages))
     }
 
     /// Whether the TMA data gradients are on.
