@@ -22,7 +22,8 @@
 # it and with 128×128 tiles forced, on and off TMA; host bench with
 # ALEXNET_TMA=0; the data gradients' with ALEXNET_TMA_DATA=1; the stages
 # and resident blocks, ALEXNET_TMA_STAGES and _PERSISTENT). Steps that
-# would pass $DEADLINE s are skipped (and say so).
+# would pass $DEADLINE s are skipped (and say so), as are those whose log
+# name matches the regular expression $SKIP.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = pack ]; then
@@ -63,6 +64,7 @@ if NL=$(python3 -c 'import nvidia.nccl,os;print(os.path.join(list(nvidia.nccl.__
 fi
 pack() { (cd $OUT && tar czf logs.tgz logs); }
 r() { local n=$1 t=$2; shift 2
+  [[ -n "${SKIP:-}" && $n =~ ^($SKIP)$ ]] && { echo "$n SKIPPED (SKIP)" | tee -a $L/summary.log; return; }
   local left=$(( ${DEADLINE:-570} - ($(date +%s)-t0) )); [ $left -lt 20 ] && { echo "$n SKIPPED (time)" | tee -a $L/summary.log; return; }
   [ $t -gt $left ] && t=$left
   timeout $t "$@" > $L/$n.log 2>&1; echo "$n rc=$? $(( $(date +%s)-t0 ))s" | tee -a $L/summary.log; pack; }
