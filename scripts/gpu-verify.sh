@@ -20,10 +20,13 @@
 # with the default); TMA=1 the TMA-fed conv forwards' (gpu_ops conv_tma,
 # under memcheck and racecheck too; `kernels conv_forward` as the step runs
 # it and with 128×128 tiles forced, on and off TMA; host bench with
-# ALEXNET_TMA=0; the data gradients' with ALEXNET_TMA_DATA=1; the stages
-# and resident blocks, ALEXNET_TMA_STAGES and _PERSISTENT). Steps that
+# ALEXNET_TMA=0 and ALEXNET_TMA_DATA=0; the stages and resident blocks,
+# ALEXNET_TMA_STAGES and _PERSISTENT, over $STAGES and $RESIDENT);
+# COMPARE=1 issue 4's table (ours and PyTorch's, in $OUT/logs/table). Steps that
 # would pass $DEADLINE s are skipped (and say so), as are those whose log
-# name matches the regular expression $SKIP.
+# name matches the regular expression $SKIP; after a step times out (a
+# kernel that hangs, most likely) the rest are skipped unless
+# STOP_AFTER_TIMEOUT=0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = pack ]; then
@@ -65,9 +68,14 @@ fi
 pack() { (cd $OUT && tar czf logs.tgz logs); }
 r() { local n=$1 t=$2; shift 2
   [[ -n "${SKIP:-}" && $n =~ ^($SKIP)$ ]] && { echo "$n SKIPPED (SKIP)" | tee -a $L/summary.log; return; }
+  [ -n "$hung" ] && { echo "$n SKIPPED (after $hung timed out)" | tee -a $L/summary.log; return; }
   local left=$(( ${DEADLINE:-570} - ($(date +%s)-t0) )); [ $left -lt 20 ] && { echo "$n SKIPPED (time)" | tee -a $L/summary.log; return; }
   [ $t -gt $left ] && t=$left
-  timeout $t "$@" > $L/$n.log 2>&1; echo "$n rc=$? $(( $(date +%s)-t0 ))s" | tee -a $L/summary.log; pack; }
+  timeout $t "$@" > $L/$n.log 2>&1; local rc=$?
+  echo "$n rc=$rc $(( $(date +%s)-t0 ))s" | tee -a $L/summary.log
+  [ $rc = 124 ] && [ "${STOP_AFTER_TIMEOUT:-1}" = 1 ] && hung=$n
+  pack; }
+hung=
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > $L/nvidia-smi.log 2>&1
 H=.gpf/bin/host
 # The first CUDA run of a build JIT-compiles its PTX (~40 s).
@@ -84,40 +92,37 @@ for p in tf32 bf16; do
   fi
 done
 if [ "${TMA:-0}" = 1 ]; then
-  # The TMA-fed 128×128 conv forwards (on by default): checks, sanitizers,
-  # then their speed against ALEXNET_TMA=0.
+  # The TMA-fed 128×128 conv forwards and stride-1 data gradients (on by
+  # default): checks, sanitizers, then their speed against ALEXNET_TMA=0
+  # and ALEXNET_TMA_DATA=0.
   r conv_tma 150 .gpf/bin/gpu_ops conv_tma
   for tool in memcheck racecheck; do
     r tma-$tool 120 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool $tool --error-exitcode 1 .gpf/bin/gpu_ops conv_tma
   done
-  r k-default 90 .gpf/bin/kernels conv_forward
+  r k-default 90 .gpf/bin/kernels conv_forward conv_backward_data
   r k-tma 90 env ALEXNET_BIG_TILES=1 ALEXNET_TRANSPOSED=0 .gpf/bin/kernels conv_forward
   r k-no-tma 90 env ALEXNET_TMA=0 ALEXNET_BIG_TILES=1 ALEXNET_TRANSPOSED=0 .gpf/bin/kernels conv_forward
+  r k-no-tma-data 90 env ALEXNET_TMA_DATA=0 .gpf/bin/kernels conv_backward_data
   for p in tf32 bf16; do
     r bench-$p-no-tma 60 env ALEXNET_TMA=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
-  done
-  # The TMA data gradients (opt-in): their speed and the step with them.
-  r k-data 90 .gpf/bin/kernels conv_backward_data
-  r k-tma-data 90 env ALEXNET_TMA_DATA=1 .gpf/bin/kernels conv_forward conv_backward_data
-  for p in tf32 bf16; do
-    r bench-$p-tma-data 60 env ALEXNET_TMA_DATA=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
+    r bench-$p-no-tma-data 60 env ALEXNET_TMA_DATA=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
   # kernels-base: the same benchmark of an earlier build, put there by hand.
   [ -x .gpf/bin/kernels-base ] && r k-base 60 env ALEXNET_TMA_DATA=1 .gpf/bin/kernels-base conv_forward conv_backward_data
-  # The producer's ring: 2 to 7 stages of 32 KiB (4 by default), a block
+  # The producer's ring: 2 to 7 stages of 32 KiB (5 by default), a block
   # per tile or resident blocks looping over tiles; then ncu on conv3's
   # TF32 forward and data gradient.
-  for st in 2 3 5 7; do
-    r k-stages-$st 60 env ALEXNET_TMA_STAGES=$st ALEXNET_TMA_DATA=1 .gpf/bin/kernels conv_forward conv_backward_data
+  for st in ${STAGES:-4 7}; do
+    r k-stages-$st 60 env ALEXNET_TMA_STAGES=$st .gpf/bin/kernels conv_forward conv_backward_data
   done
-  for st in 3 4 6; do
-    r k-resident-$st 60 env ALEXNET_TMA_PERSISTENT=1 ALEXNET_TMA_STAGES=$st ALEXNET_TMA_DATA=1 .gpf/bin/kernels conv_forward conv_backward_data
+  for st in ${RESIDENT:-5}; do
+    r k-resident-$st 60 env ALEXNET_TMA_PERSISTENT=1 ALEXNET_TMA_STAGES=$st .gpf/bin/kernels conv_forward conv_backward_data
   done
   for p in tf32 bf16; do
-    r bench-$p-resident 60 env ALEXNET_TMA_PERSISTENT=1 ALEXNET_TMA_DATA=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
+    r bench-$p-resident 60 env ALEXNET_TMA_PERSISTENT=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
   for k in conv_forward conv_backward_data; do
-    r ncu-tma-$k 90 env ALEXNET_TMA_DATA=1 ncu --clock-control none -k regex:${k}_nhwc_tf32_wg_tma_big -c 1 \
+    r ncu-tma-$k 90 ncu --clock-control none -k regex:${k}_nhwc_tf32_wg_tma_big -c 1 \
       --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
       .gpf/bin/kernels "conv3 tf32"
   done
@@ -149,6 +154,25 @@ if [ "${TRAIN:-1}" = 1 ]; then
 fi
 if [ "${CUDNN_KERNELS:-1}" = 1 ] && python3 -c 'import torch' 2>/dev/null; then
   r cudnn-kernels 120 python3 benches/pytorch_reference.py --batch-size 128 --precision tf32 bf16 --layers --kernels --steps 10
+fi
+if [ "${COMPARE:-0}" = 1 ]; then
+  # Issue 4's table (what `bash .gpu/run.sh compare` makes, from this
+  # pack): our step with its per-layer profile and every kernel, TF32 and
+  # bf16, then PyTorch's on the same GPU; the files benches/compare_table.py
+  # reads, in $L/table/.
+  T=$L/table; mkdir -p $T
+  for p in tf32 bf16; do
+    r compare-ours-$p 90 $H bench configs/alexnet.json --batch-size 128,256 --profile --precision $p --device cuda --json $T/bench-$p.json
+    r compare-kernels-$p 120 env ALEXNET_BENCH_JSON=$T/kernels-$p.json .gpf/bin/kernels $p
+  done
+  if python3 -c 'import torch' 2>/dev/null; then
+    r compare-pytorch 200 python3 benches/pytorch_reference.py --batch-size 128 256 --precision tf32 bf16 --layers
+    cp $L/compare-*.log $T/ 2>/dev/null; cp $L/compare-pytorch.log $T/pytorch.log 2>/dev/null
+    r compare-table 30 python3 benches/compare_table.py $T
+    cp $L/compare-table.log $T/ 2>/dev/null
+  else
+    echo "compare-pytorch SKIPPED (python3 cannot import torch)" | tee -a $L/summary.log
+  fi
 fi
 [ "${GPU_OPS_ALL:-1}" = 1 ] && r gpu_ops 330 .gpf/bin/gpu_ops
 grep -h "gpu_ops:\|ERROR SUMMARY\|RACECHECK SUMMARY" $L/gpu_ops*.log $L/memcheck.log $L/conv_wg_big.log $L/wg-big-*.log $L/conv_tma.log $L/tma-*.log >> $L/summary.log 2>/dev/null

@@ -1051,10 +1051,14 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
                     let outs = outputs_by_kernel(c, g, product, ops, set, [true, true], only_fed);
                     c.gpu.set_tma_stages(stages)?;
                     c.gpu.set_tma_grid(tma_grid);
-                    let same = outs?.iter().any(|(n, out)| *n == fed_name && bits_equal(out, &got));
+                    let same = outs?
+                        .iter()
+                        .any(|(n, out)| *n == fed_name && bits_equal(out, &got));
                     c.check_true(
                         test,
-                        &format!("{case} {p:?}: {fed_name} with {n} stages, {grid:?}, bit-identical"),
+                        &format!(
+                            "{case} {p:?}: {fed_name} with {n} stages, {grid:?}, bit-identical"
+                        ),
                         same,
                     );
                 }
@@ -2529,9 +2533,13 @@ fn tiny_and_alexnet() -> Result<(host::config::Config, host::config::Config)> {
 /// two GPU models from one initialisation, the same random batches, dropout
 /// on and a learning rate that changes every step. The parameters, momentum
 /// buffers and each step's losses must be bit-identical (tolerance 0). The
-/// runner must take one eager step, capture, then replay; halfway a setting
-/// is re-applied (`set_precision`), which makes the graph stale, so it must
-/// run one eager step and capture again. Cases: `configs/tiny.json` at batch
+/// runner steps first, so its first eager step grows the backend's scratch
+/// buffers (where the model needs more than it had), which makes it no
+/// warm-up: one or two eager steps, then capture and replay (a capture
+/// after a step that moved a buffer fails: the TMA data gradients' tensor
+/// maps point at the scratch copies). Halfway a setting is re-applied
+/// (`set_precision`), which makes the graph stale, so it must run one
+/// eager step and capture again. Cases: `configs/tiny.json` at batch
 /// 6 in fp32, TF32 and bf16, and `configs/alexnet.json` at batch 16 in TF32
 /// and bf16 (split-K workspaces, channels-last scratch); the paper's SGD
 /// rule in one of them.
@@ -2592,10 +2600,10 @@ fn train_steps_graph(c: &mut Ctx) -> Result<()> {
                 rule,
             };
             let dropout = (5u64, 100 + step);
-            eager.set_batch(&c.gpu, &x, &y)?;
-            eager.train_step(&c.gpu, dropout, &sgd)?;
             graphed.set_batch(&c.gpu, &x, &y)?;
             runner.step(&c.gpu, &mut graphed, dropout, &sgd)?;
+            eager.set_batch(&c.gpu, &x, &y)?;
+            eager.train_step(&c.gpu, dropout, &sgd)?;
             same_losses(c, test, &format!("{case} step {step}"), &eager, &graphed)?;
         }
         let s = runner.stats();
@@ -2603,13 +2611,13 @@ fn train_steps_graph(c: &mut Ctx) -> Result<()> {
         c.check_true(
             test,
             &format!(
-                "{case} runner: eager {} capture {} replay {} (want 2, 2, {})",
-                s.eager,
-                s.captures,
-                s.replays,
-                STEPS - 2
+                "{case} runner: eager {} capture {} replay {} (want 2 or 3, 2, {} less the eager ones)",
+                s.eager, s.captures, s.replays, STEPS
             ),
-            runner.uses_graph() && s.eager == 2 && s.captures == 2 && s.replays == STEPS - 2,
+            runner.uses_graph()
+                && (2..=3).contains(&s.eager)
+                && s.captures == 2
+                && s.replays == STEPS - s.eager,
         );
         same_params(c, test, case, &eager, &graphed)?;
     }

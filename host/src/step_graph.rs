@@ -13,8 +13,11 @@
 //! changes make the graph stale ([`Backend::graph_current`]: a regrown
 //! workspace, a new precision). A step with another key or a stale graph
 //! runs eagerly, and the next one with the same key captures again: capture
-//! needs one eager step first, because workspaces grow on first use and
-//! must not allocate during a capture. Batch uploads
+//! needs an eager step first, because workspaces grow on first use and
+//! must not allocate during a capture; an eager step that grew one is no
+//! warm-up (a buffer used before the growth, such as a TMA tensor map's
+//! operand, would have another address in the capture), so eager steps go
+//! on until one leaves the backend's buffers as they were. Batch uploads
 //! ([`Model::set_batch`]) stay outside the graph and write into the same
 //! device buffers.
 //!
@@ -62,8 +65,9 @@ enum Action {
 
 /// The runner's rules, apart from the backend so they are tested without a
 /// GPU: replay the held graph while its key matches and it is current;
-/// otherwise drop it, and capture if the last eager step had this key (so
-/// workspaces have grown for it), else run eagerly.
+/// otherwise drop it, and capture if the last eager step had this key and
+/// replaced no buffer (so workspaces have grown for it and stayed put),
+/// else run eagerly.
 #[derive(Debug, Default)]
 struct Plan {
     /// The key of the last eager step; forgotten when a graph goes stale,
@@ -91,6 +95,12 @@ impl Plan {
         } else {
             Action::Eager
         }
+    }
+
+    /// Notes an eager step of `key` (the key as it ends the step): a
+    /// warm-up for the next step unless it `regrew` a backend buffer.
+    fn ran_eagerly(&mut self, key: StepKey, regrew: bool) {
+        self.warm = (!regrew).then_some(key);
     }
 }
 
@@ -179,6 +189,7 @@ impl<B: Backend> StepRunner<B> {
             }
             warms = Some(key);
         }
+        let generation = be.buffers_generation();
         model.train_step(be, dropout, sgd)?;
         self.stats.eager += 1;
         if let Some(key) = warms {
@@ -186,10 +197,12 @@ impl<B: Backend> StepRunner<B> {
             // (its fc weight copies made by this step's forward and
             // refreshed by its update: a step that makes them needs all a
             // step that reads them does).
-            self.plan.warm = Some(StepKey {
+            let key = StepKey {
                 w_copies_fresh: model.w_copies_fresh(),
                 ..key
-            });
+            };
+            self.plan
+                .ran_eagerly(key, be.buffers_generation() != generation);
         }
         Ok(())
     }
@@ -239,19 +252,42 @@ mod tests {
     /// Plays `steps` (key, whether the held graph is current) through a
     /// plan as the runner does, returning the actions.
     fn play(steps: &[(StepKey, bool)]) -> Vec<Action> {
+        let steps: Vec<_> = steps.iter().map(|&(k, c)| (k, c, false)).collect();
+        play_growing(&steps)
+    }
+
+    /// [`play`] with, per step, whether an eager run of it regrows a buffer.
+    fn play_growing(steps: &[(StepKey, bool, bool)]) -> Vec<Action> {
         let mut plan = Plan::default();
         steps
             .iter()
-            .map(|&(k, current)| {
+            .map(|&(k, current, regrew)| {
                 let a = plan.next(k, current);
                 match a {
                     Action::Capture => plan.held = Some(k),
-                    Action::Eager => plan.warm = Some(k),
+                    Action::Eager => plan.ran_eagerly(k, regrew),
                     Action::Replay => {}
                 }
                 a
             })
             .collect()
+    }
+
+    #[test]
+    fn plan_warms_up_until_an_eager_step_regrows_nothing() {
+        use Action::*;
+        let a = key(1, 7);
+        // The first two eager steps grow scratch buffers (the backward's
+        // dy and filter copies grow layer by layer): capture only after a
+        // step that left them alone.
+        let steps = [
+            (a, true, true),
+            (a, true, true),
+            (a, true, false),
+            (a, true, false),
+            (a, true, false),
+        ];
+        assert_eq!(play_growing(&steps), [Eager, Eager, Eager, Capture, Replay]);
     }
 
     #[test]

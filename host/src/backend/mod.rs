@@ -775,6 +775,13 @@ pub trait Backend {
     /// captured with has changed on the backend's side (a workspace or
     /// scratch buffer regrown, a setting such as the precision changed).
     fn graph_current(&self, g: &Self::Graph) -> bool;
+    /// A count that moves whenever the backend replaces a buffer a graph
+    /// would point at (see [`Backend::graph_current`]): an eager step that
+    /// moved it grew something, so the buffers the next step sees differ
+    /// from the ones it used, and it is no warm-up for a capture.
+    fn buffers_generation(&self) -> u64 {
+        0
+    }
     /// Writes `args` (see [`StepArgs`]) and queues graph `g` once more.
     ///
     /// # Safety

@@ -407,9 +407,10 @@ pub struct CudaBackend {
     /// theirs on the H200, and conv4's about twice as fast as before,
     /// when it padded no filters with 64-row tiles (benches/NOTES.md).
     tma: bool,
-    /// Whether the channels-last data gradients whose shape allows it run
-    /// on the TMA kernels too (`ALEXNET_TMA_DATA=1`; off by default: not
-    /// yet run on a GPU).
+    /// Whether the channels-last stride-1 data gradients whose shape allows
+    /// it may run on the TMA kernels too (the autotune still compares):
+    /// on by default on Hopper (`ALEXNET_TMA_DATA=0` turns it off); conv3's
+    /// TF32 data gradient 0.38 → 0.21 ms on the H100 (benches/NOTES.md).
     tma_data: bool,
     /// The TMA kernels' tensor maps (`tma.rs`).
     tma_maps: Mutex<tma::TmaMaps>,
@@ -608,7 +609,7 @@ impl CudaBackend {
             wgmma: hopper && std::env::var("ALEXNET_WGMMA").is_ok_and(|v| v == "1"),
             wg_big: hopper && !std::env::var("ALEXNET_WG_BIG").is_ok_and(|v| v == "0"),
             tma: hopper && !std::env::var("ALEXNET_TMA").is_ok_and(|v| v == "0"),
-            tma_data: hopper && std::env::var("ALEXNET_TMA_DATA").is_ok_and(|v| v == "1"),
+            tma_data: hopper && !std::env::var("ALEXNET_TMA_DATA").is_ok_and(|v| v == "0"),
             tma_maps: Mutex::new(tma::TmaMaps::new()),
             tma_grid: if std::env::var("ALEXNET_TMA_PERSISTENT").is_ok_and(|v| v == "1") {
                 TmaGrid::Resident
@@ -876,7 +877,10 @@ impl CudaBackend {
     /// Sets the TMA kernels' stages (2 to 7).
     pub fn set_tma_stages(&mut self, stages: u32) -> Result<()> {
         if !(2..=gemm::TMA_STAGES_MAX).contains(&stages) {
-            bail!("TMA stages must be from 2 to {}, got {stages}", gemm::TMA_STAGES_MAX);
+            bail!(
+                "TMA stages must be from 2 to {}, got {stages}",
+                gemm::TMA_STAGES_MAX
+            );
         }
         self.tma_stages = stages;
         self.settings_changed();
@@ -1760,6 +1764,9 @@ impl Backend for CudaBackend {
     }
     fn graph_current(&self, g: &StepGraph) -> bool {
         graph::graph_current(self, g)
+    }
+    fn buffers_generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::SeqCst)
     }
     unsafe fn replay(&self, g: &StepGraph, args: &StepArgs) -> Result<()> {
         graph::replay(self, g, args)
