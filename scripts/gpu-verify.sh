@@ -20,7 +20,8 @@
 # with the default); TMA=1 the TMA-fed conv forwards' (gpu_ops conv_tma,
 # under memcheck and racecheck too; `kernels conv_forward` as the step runs
 # it and with 128×128 tiles forced, on and off TMA; host bench with
-# ALEXNET_TMA=0 and ALEXNET_TMA_DATA=0; the stages and resident blocks,
+# ALEXNET_TMA=0, ALEXNET_TMA_DATA=0 and ALEXNET_TMA_EPILOGUE=direct; the
+# stages and resident blocks,
 # ALEXNET_TMA_STAGES and _PERSISTENT, over $STAGES and $RESIDENT);
 # COMPARE=1 issue 4's table (ours and PyTorch's, in $OUT/logs/table). Steps that
 # would pass $DEADLINE s are skipped (and say so), as are those whose log
@@ -106,6 +107,12 @@ if [ "${TMA:-0}" = 1 ]; then
   for p in tf32 bf16; do
     r bench-$p-no-tma 60 env ALEXNET_TMA=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
     r bench-$p-no-tma-data 60 env ALEXNET_TMA_DATA=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
+  done
+  # The epilogue straight from the accumulators instead of staged in
+  # shared memory (the default where a block has one tile).
+  r k-direct 60 env ALEXNET_TMA_EPILOGUE=direct .gpf/bin/kernels conv_forward conv_backward_data
+  for p in tf32 bf16; do
+    r bench-$p-direct 60 env ALEXNET_TMA_EPILOGUE=direct $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
   # kernels-base: the same benchmark of an earlier build, put there by hand.
   [ -x .gpf/bin/kernels-base ] && r k-base 60 env ALEXNET_TMA_DATA=1 .gpf/bin/kernels-base conv_forward conv_backward_data

@@ -960,6 +960,7 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
     c.gpu.set_gemm_tiles(GemmTiles::Wide);
     let (wgmma, tma_data) = (c.gpu.wgmma_enabled(), c.gpu.tma_data_enabled());
     let (stages, tma_grid) = (c.gpu.tma_stages(), c.gpu.tma_grid());
+    let direct_store = c.gpu.tma_direct_store();
     let mut result = Ok(());
     'all: for product in ["forward", "data"] {
         let forward = product == "forward";
@@ -1034,30 +1035,37 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
                     &want,
                     tol,
                 );
-                // The producer's ring at its shortest and longest, and
-                // blocks that loop over tiles (three blocks: the ring runs on
-                // from tile to tile): the same products, so the same bits.
-                for (n, grid) in [
-                    (2, TmaGrid::PerTile),
-                    (7, TmaGrid::PerTile),
-                    (stages, TmaGrid::Resident),
-                    (2, TmaGrid::Blocks(3)),
-                    (7, TmaGrid::Blocks(3)),
+                // The producer's ring at its shortest and longest, blocks
+                // that loop over tiles (three blocks: the ring runs on from
+                // tile to tile), and stores straight from the accumulators
+                // (also what 2 stages and looping blocks use, where the
+                // default stages its tiles in shared memory): the same
+                // products, so the same bits.
+                for (n, grid, direct) in [
+                    (2, TmaGrid::PerTile, false),
+                    (7, TmaGrid::PerTile, false),
+                    (stages, TmaGrid::PerTile, true),
+                    (stages, TmaGrid::Resident, false),
+                    (2, TmaGrid::Blocks(3), false),
+                    (7, TmaGrid::Blocks(3), false),
                 ] {
                     c.gpu.set_tma_stages(n)?;
                     c.gpu.set_tma_grid(grid);
+                    c.gpu.set_tma_direct_store(direct);
                     let only_fed = |name: &str| name.ends_with("_wg_tma_big");
                     let ops = (&ops.0[..], &ops.1[..], &ops.2[..]);
                     let outs = outputs_by_kernel(c, g, product, ops, set, [true, true], only_fed);
                     c.gpu.set_tma_stages(stages)?;
                     c.gpu.set_tma_grid(tma_grid);
+                    c.gpu.set_tma_direct_store(direct_store);
                     let same = outs?
                         .iter()
                         .any(|(n, out)| *n == fed_name && bits_equal(out, &got));
                     c.check_true(
                         test,
                         &format!(
-                            "{case} {p:?}: {fed_name} with {n} stages, {grid:?}, bit-identical"
+                            "{case} {p:?}: {fed_name} with {n} stages, {grid:?}, {} stores, bit-identical",
+                            if direct { "direct" } else { "default" }
                         ),
                         same,
                     );

@@ -1169,18 +1169,19 @@ impl crate::gemm::TmaTiles for ConvTma {
 /// Convolution forward as [`conv_forward_nhwc_any`]'s 128×128 warpgroup
 /// kernels (not transposed), with both operands fetched by the tensor
 /// memory accelerator ([`ConvTma`]; `maps`: its two 128-byte tensor maps,
-/// made by the host for these x and wt) into `stages` stages. Tiles
+/// made by the host for these x and wt) into a ring of stages (`ring`: see
+/// `gemm::gemm_tile_tma`). Tiles
 /// (⌈N·OH·OW/128⌉ × ⌈Fg/128⌉ × G of them) over a 1-D grid of any size,
 /// `gemm::TMA_THREADS` threads, `gemm::tma_shared_bytes(stages)` bytes.
 #[cfg(feature = "wgmma")]
-unsafe fn conv_forward_tma<const HALF: bool>(s: ConvShape, maps: *const u8, stages: u32, bias: *const f32, y: *mut f32) {
+unsafe fn conv_forward_tma<const HALF: bool>(s: ConvShape, maps: *const u8, ring: u32, bias: *const f32, y: *mut f32) {
     let tile = |t: [u32; 3]| {
         let l = ConvTma::forward(maps, s, HALF, t);
         let e = StoreOutput { y, bias, s, g: t[2] };
         (l, e)
     };
     let dims = [s.n * s.oh * s.ow, s.fg(), s.groups];
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF>(tile, dims, stages) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF>(tile, dims, ring) };
 }
 
 /// Convolution data gradient (stride 1) as
@@ -1190,14 +1191,14 @@ unsafe fn conv_forward_tma<const HALF: bool>(s: ConvShape, maps: *const u8, stag
 /// ⌈Cg/128⌉ × G tiles over a 1-D grid of any size), `gemm::TMA_THREADS`
 /// threads, `gemm::tma_shared_bytes(stages)` bytes.
 #[cfg(feature = "wgmma")]
-unsafe fn conv_backward_data_tma<const HALF: bool>(s: ConvShape, maps: *const u8, stages: u32, dx: *mut f32, mask: *const f32) {
+unsafe fn conv_backward_data_tma<const HALF: bool>(s: ConvShape, maps: *const u8, ring: u32, dx: *mut f32, mask: *const f32) {
     let tile = |t: [u32; 3]| {
         let l = ConvTma::data(maps, s, HALF, t);
         let e = StoreInputGrad { dx, mask, s, g: t[2] };
         (l, e)
     };
     let dims = [s.n * s.h * s.w, s.cg(), s.groups];
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF>(tile, dims, stages) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF>(tile, dims, ring) };
 }
 
 /// [`conv_backward_data_tma`] in TF32 (dy and wt TF32-rounded fp32).
@@ -1206,11 +1207,11 @@ unsafe fn conv_backward_data_tma<const HALF: bool>(s: ConvShape, maps: *const u8
 pub unsafe extern "ptx-kernel" fn conv_backward_data_nhwc_tf32_wg_tma_big(
     s: ConvShape,
     maps: *const u8,
-    stages: u32,
+    ring: u32,
     dx: *mut f32,
     mask: *const f32,
 ) {
-    unsafe { conv_backward_data_tma::<false>(s, maps, stages, dx, mask) }
+    unsafe { conv_backward_data_tma::<false>(s, maps, ring, dx, mask) }
 }
 
 /// [`conv_backward_data_tma`] in bf16 (dy and wt bf16).
@@ -1219,11 +1220,11 @@ pub unsafe extern "ptx-kernel" fn conv_backward_data_nhwc_tf32_wg_tma_big(
 pub unsafe extern "ptx-kernel" fn conv_backward_data_nhwc16_bf16_wg_tma_big(
     s: ConvShape,
     maps: *const u8,
-    stages: u32,
+    ring: u32,
     dx: *mut f32,
     mask: *const f32,
 ) {
-    unsafe { conv_backward_data_tma::<true>(s, maps, stages, dx, mask) }
+    unsafe { conv_backward_data_tma::<true>(s, maps, ring, dx, mask) }
 }
 
 /// [`conv_forward_tma`] in TF32 (x and wt TF32-rounded fp32, NHWC and
@@ -1233,11 +1234,11 @@ pub unsafe extern "ptx-kernel" fn conv_backward_data_nhwc16_bf16_wg_tma_big(
 pub unsafe extern "ptx-kernel" fn conv_forward_nhwc_tf32_wg_tma_big(
     s: ConvShape,
     maps: *const u8,
-    stages: u32,
+    ring: u32,
     bias: *const f32,
     y: *mut f32,
 ) {
-    unsafe { conv_forward_tma::<false>(s, maps, stages, bias, y) }
+    unsafe { conv_forward_tma::<false>(s, maps, ring, bias, y) }
 }
 
 /// [`conv_forward_tma`] in bf16 (x and wt bf16).
@@ -1246,11 +1247,11 @@ pub unsafe extern "ptx-kernel" fn conv_forward_nhwc_tf32_wg_tma_big(
 pub unsafe extern "ptx-kernel" fn conv_forward_nhwc16_bf16_wg_tma_big(
     s: ConvShape,
     maps: *const u8,
-    stages: u32,
+    ring: u32,
     bias: *const f32,
     y: *mut f32,
 ) {
-    unsafe { conv_forward_tma::<true>(s, maps, stages, bias, y) }
+    unsafe { conv_forward_tma::<true>(s, maps, ring, bias, y) }
 }
 
 /// dy (NHWC, fp32 or bf16 when `H`) gathered as B((kh,kw,f), (n,ih,iw)) for

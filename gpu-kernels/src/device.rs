@@ -358,6 +358,36 @@ pub unsafe fn st_shared(addr: u32, v: f32) {
     };
 }
 
+/// Stores two floats to shared memory at window address `addr` (8-byte
+/// aligned).
+#[inline(always)]
+pub unsafe fn st_shared_v2(addr: u32, a: f32, b: f32) {
+    unsafe {
+        asm!(
+            "st.shared.v2.f32 [{addr}], {{{a}, {b}}};",
+            addr = in(reg32) addr,
+            a = in(reg32) a,
+            b = in(reg32) b,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
+/// Waits at named barrier `id` (1..16; 0 is `sync_threads`'s) until
+/// `threads` threads (a multiple of 32) of the block have arrived: a
+/// barrier for some of the block's warps only.
+#[inline(always)]
+pub fn bar_sync(id: u32, threads: u32) {
+    unsafe {
+        asm!(
+            "bar.sync {id}, {n};",
+            id = in(reg32) id,
+            n = in(reg32) threads,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
 /// As [`st_shared`] where `on`, as one predicated `st.shared` (no branch
 /// around it, so the code that computes `v` runs unconditionally).
 #[inline(always)]

@@ -48,7 +48,7 @@
 use crate::device::{
     bid_x, bid_y, bid_z, gdim_x, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
     fence_proxy_async_shared, ld_shared, mbar_arrive, mbar_arrive_expect_tx, mbar_init, mbar_init_fence, mbar_wait, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
-    shared_addr, st_v2, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wg_desc_sw128, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
+    bar_sync, shared_addr, st_shared_v2, st_v2, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wg_desc_sw128, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
     wgmma_wait,
 };
 use core::arch::asm;
@@ -1275,6 +1275,38 @@ unsafe fn wg_store<E: Epilogue>(e: &E, acc: &[f32; 64], bn: u32, m0: u32, n0: u3
     })
 }
 
+/// [`wg_store`] of a 128×128 tile through shared memory at `smem` (the
+/// [`STAGED_BYTES`] there free once every consumer's `wgmma`s are done):
+/// the 256 threads of the two warpgroups (named barrier 1; the producer
+/// warp takes no part) write their accumulators as pairs, then warp w
+/// stores rows `w, w + 8, …`, lane l columns `l + 32j`, so each store
+/// instruction (and each mask or bias read of the epilogue) covers 32
+/// consecutive columns: consecutive pixels of one NCHW channel in the conv
+/// kernels, where [`wg_store`]'s cover 8 channels × 4 pixels 8 bytes apart.
+#[inline(always)]
+unsafe fn wg_store_staged<E: Epilogue>(e: &E, acc: &[f32; 64], smem: u32, m0: u32, n0: u32, m_total: u32, n_total: u32) {
+    let (warp, lane) = (tid_x() / 32, tid_x() % 32);
+    let (g, tq) = (lane / 4, lane % 4);
+    bar_sync(1, WS_THREADS);
+    unrolled::<16>(|i| {
+        unrolled::<2>(|h| {
+            let m = 16 * warp + g + 8 * h as u32;
+            let n = 8 * i as u32 + 2 * tq;
+            unsafe { st_shared_v2(smem + 4 * (m * STAGED_ROW + n), acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]) };
+        })
+    });
+    bar_sync(1, WS_THREADS);
+    for r in 0..16 {
+        let m = warp + 8 * r;
+        unrolled::<4>(|j| {
+            let n = lane + 32 * j as u32;
+            if m0 + m < m_total && n0 + n < n_total {
+                unsafe { e.store(m0 + m, n0 + n, ld_shared(smem + 4 * (m * STAGED_ROW + n))) };
+            }
+        })
+    }
+}
+
 /// Bytes of k per row in a tile of the swizzled warpgroup pipeline: one
 /// 128-byte line (32 TF32 or 64 bf16 k), so the 8 threads copying a row
 /// ask L2 for whole lines.
@@ -1437,6 +1469,17 @@ pub trait TmaTiles {
 /// Most stages [`gemm_tile_tma`] takes: 7 × 32 KiB and their barriers fit
 /// the 227 KiB of shared memory a block may have.
 pub const TMA_STAGES_MAX: u32 = 7;
+/// Bit of [`gemm_tile_tma`]'s `ring` argument (above the stage count in its
+/// low byte) that keeps the epilogue's stores straight from the
+/// accumulators ([`wg_store`]) instead of through shared memory
+/// ([`wg_store_staged`]).
+pub const TMA_DIRECT_STORE: u32 = 1 << 8;
+/// Row stride, in floats, of the tile [`wg_store_staged`] stages: 128 and
+/// 4 more, so that the 8 rows a warp's lanes write at once start 4 banks
+/// apart.
+const STAGED_ROW: u32 = 132;
+/// Bytes of [`wg_store_staged`]'s tile: 128 rows of [`STAGED_ROW`] floats.
+const STAGED_BYTES: u32 = 128 * STAGED_ROW * 4;
 /// Threads of a [`gemm_tile_tma`] block: two warpgroups issuing `wgmma`s and
 /// one producer warp.
 pub const TMA_THREADS: u32 = WS_THREADS + 32;
@@ -1462,13 +1505,17 @@ pub const fn tma_shared_bytes(stages: u32) -> u32 {
 /// barrier `full[s]` completes when the tile's bytes are in, `empty[s]`
 /// when all 8 consumer warps have finished the `wgmma`s that read it (each
 /// warp's lane 0 arrives once its `wgmma_wait` has seen them done); no
-/// block-wide barrier is taken after the set-up.
+/// block-wide barrier is taken after the set-up. `ring`: the stage count
+/// in its low byte, and [`TMA_DIRECT_STORE`]. Where a block has one tile
+/// and the stages hold [`STAGED_BYTES`] (3 or more), the free stages stage
+/// the epilogue ([`wg_store_staged`]) unless that bit says not to.
 #[inline(always)]
 pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, T: Fn([u32; 3]) -> (L, E), const HALF: bool>(
     tile: T,
     [n_total, m_total, problems]: [u32; 3],
-    stages: u32,
+    ring: u32,
 ) {
+    let stages = ring & 0xff;
     if !(2..=TMA_STAGES_MAX).contains(&stages) {
         unsafe { core::arch::nvptx::trap() };
     }
@@ -1481,6 +1528,7 @@ pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, T: Fn([u32; 3]) -> (L, E),
     let (nx, ny) = (n_total.div_ceil(128), m_total.div_ceil(128));
     let total = nx * ny * problems;
     let at = |i: u32| [i % nx, i / nx % ny, i / (nx * ny)];
+    let staged = ring & TMA_DIRECT_STORE == 0 && gdim_x() >= total && stages * WS_STAGE_BYTES >= STAGED_BYTES;
     if tid == 0 {
         for s in 0..stages {
             unsafe {
@@ -1554,7 +1602,11 @@ pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, T: Fn([u32; 3]) -> (L, E),
             unsafe { mbar_arrive(empty + 8 * p) };
         }
         wgmma_hold::<128>(&mut acc);
-        unsafe { wg_store(&e, &acc, 128, y * 128, x * 128, m_total, n_total) };
+        if staged {
+            unsafe { wg_store_staged(&e, &acc, smem, y * 128, x * 128, m_total, n_total) };
+        } else {
+            unsafe { wg_store(&e, &acc, 128, y * 128, x * 128, m_total, n_total) };
+        }
         i += gdim_x();
     }
 }

@@ -120,8 +120,8 @@ pub(super) fn conv_forward(
             relayout(be, Scratch::W, w, [g.c_out, cg, kk], cg, p.half, |wt| {
                 if p.name.contains("_tma") {
                     let maps = be.conv_tma_maps(g, TmaProduct::Forward, xc, wt, p.half)?;
-                    let (cfg, stages) = be.tma_cfg(p.name, p.cfg)?;
-                    launch!(be, p.name, cfg, what; &s, &maps, &stages, bias, y)
+                    let (cfg, ring) = be.tma_cfg(p.name, p.cfg)?;
+                    launch!(be, p.name, cfg, what; &s, &maps, &ring, bias, y)
                 } else {
                     launch!(be, p.name, p.cfg, what; &s, xc, wt, bias, y)
                 }
@@ -700,8 +700,8 @@ fn data_from_nhwc(
     relayout(be, Scratch::W, w, dims, fg, plan.half, |wt| {
         if plan.name.contains("_tma") {
             let maps = be.conv_tma_maps(g, TmaProduct::Data, dyt, wt, plan.half)?;
-            let (cfg, stages) = be.tma_cfg(plan.name, plan.cfg)?;
-            launch!(be, plan.name, cfg, what; s, &maps, &stages, dx, mask)
+            let (cfg, ring) = be.tma_cfg(plan.name, plan.cfg)?;
+            launch!(be, plan.name, cfg, what; s, &maps, &ring, dx, mask)
         } else {
             launch!(be, plan.name, plan.cfg, what; s, dyt, wt, dx, mask)
         }

@@ -149,6 +149,9 @@ pub(super) const WG_TMA_THREADS: u32 = WG_BIG_THREADS + 32;
 /// the H100, 7 no better), and the most they take (`gemm::TMA_STAGES_MAX`).
 pub(super) const TMA_STAGES: u32 = 5;
 pub(super) const TMA_STAGES_MAX: u32 = 7;
+/// The bit of a TMA kernel's `ring` argument that keeps its stores straight
+/// from the accumulators (`gemm::TMA_DIRECT_STORE`).
+pub(super) const TMA_DIRECT_STORE: u32 = 1 << 8;
 /// Dynamic shared memory of a TMA-fed kernel with `stages` stages
 /// (`gemm::tma_shared_bytes`): 32 KiB each, 1 KiB of alignment, a "full"
 /// and an "empty" barrier per stage.

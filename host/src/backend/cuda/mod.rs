@@ -420,6 +420,10 @@ pub struct CudaBackend {
     /// How the TMA kernels' grid covers their tiles (`ALEXNET_TMA_PERSISTENT=1`:
     /// resident blocks that loop over tiles).
     tma_grid: TmaGrid,
+    /// Whether the TMA kernels store their tiles straight from the
+    /// accumulators (`ALEXNET_TMA_EPILOGUE=direct`) instead of staging them
+    /// in shared memory first where they can (`gemm::gemm_tile_tma`).
+    tma_direct_store: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
     scratch: [Mutex<Option<CudaSlice<f32>>>; 5],
@@ -615,6 +619,11 @@ impl CudaBackend {
                 TmaGrid::Resident
             } else {
                 TmaGrid::PerTile
+            },
+            tma_direct_store: match std::env::var("ALEXNET_TMA_EPILOGUE").as_deref() {
+                Err(_) | Ok("staged") => false,
+                Ok("direct") => true,
+                Ok(v) => bail!("ALEXNET_TMA_EPILOGUE must be staged or direct, got {v:?}"),
             },
             tma_stages: match std::env::var("ALEXNET_TMA_STAGES") {
                 Err(_) => gemm::TMA_STAGES,
@@ -898,9 +907,22 @@ impl CudaBackend {
         self.settings_changed();
     }
 
+    /// Whether the TMA kernels store straight from the accumulators.
+    pub fn tma_direct_store(&self) -> bool {
+        self.tma_direct_store
+    }
+
+    /// Sets whether the TMA kernels store straight from the accumulators
+    /// (true) or stage their tiles in shared memory where they can.
+    pub fn set_tma_direct_store(&mut self, on: bool) {
+        self.tma_direct_store = on;
+        self.settings_changed();
+    }
+
     /// The launch of TMA kernel `name` for `cfg`'s grid of 128×128 tiles
     /// (the kernel takes them in a 1-D grid: one block per tile, or as many
-    /// as stay resident), with this backend's stages, and the stages.
+    /// as stay resident), with this backend's stages, and the kernel's
+    /// `ring` argument (the stages, and `gemm::TMA_DIRECT_STORE`).
     fn tma_cfg(&self, name: &str, cfg: LaunchConfig) -> Result<(LaunchConfig, u32)> {
         let shared_mem_bytes = gemm::tma_shared(self.tma_stages);
         let (gx, gy, gz) = cfg.grid_dim;
@@ -924,7 +946,12 @@ impl CudaBackend {
             shared_mem_bytes,
             ..cfg
         };
-        Ok((cfg, self.tma_stages))
+        let direct = if self.tma_direct_store {
+            gemm::TMA_DIRECT_STORE
+        } else {
+            0
+        };
+        Ok((cfg, self.tma_stages | direct))
     }
 
     /// Whether the TMA data gradients are on.
