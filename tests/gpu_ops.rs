@@ -154,6 +154,7 @@ const TESTS: &[(&str, Test)] = &[
     ("conv_autotune", conv_autotune),
     ("conv_wg_big", conv_wg_big),
     ("conv_tma", conv_tma),
+    ("conv_tma_filter", conv_tma_filter),
     ("transpose", transpose),
     ("row_patches", row_patches),
     ("convert_bf16", convert_bf16),
@@ -923,6 +924,68 @@ fn conv_wg_big(c: &mut Ctx) -> Result<()> {
 /// their TMA kernels (`ALEXNET_TMA_DATA`) against the warpgroup engine's
 /// `cp.async` 128×128 kernels, bit for bit, and the CPU reference. Off
 /// Hopper it says SKIPPED and checks nothing.
+/// The bf16 weight gradient on the TMA kernel
+/// (`conv_backward_filter_nhwc16_bf16_wg_tma_big`, MN-major `wgmma`
+/// tiles; `ALEXNET_TMA_FILTER`) against the CPU reference, dw poisoned
+/// first: AlexNet conv3 (one slice and, at batch 16, split slices whose
+/// pixel count is no multiple of 64), conv4 (two groups, 192 filters a
+/// group: half tiles of filters and of columns), a batch-1 conv5, and a
+/// 3×5 filter at stride 2 with pad 2 on an 11×9 image in two groups. Each
+/// case also checks, from the launch record, that the TMA kernel ran. Off
+/// Hopper it says SKIPPED and checks nothing.
+fn conv_tma_filter(c: &mut Ctx) -> Result<()> {
+    let test = "conv_tma_filter";
+    if !c.gpu.has_wgmma() {
+        println!("  SKIPPED (no tensor memory accelerator: not a Hopper GPU)");
+        return Ok(());
+    }
+    let g = conv_geom;
+    let rect = ConvGeom {
+        k_h: 3,
+        k_w: 5,
+        ..g(3, 128, 11, 9, 256, 3, 2, 2, 2)
+    };
+    let cases = keep(vec![
+        ("alexnet conv3 b4", g(4, 256, 13, 13, 384, 3, 1, 1, 1)),
+        ("alexnet conv3 b16", g(16, 256, 13, 13, 384, 3, 1, 1, 1)),
+        ("alexnet conv4 b2", g(2, 384, 13, 13, 384, 3, 1, 1, 2)),
+        ("conv5 b1", g(1, 384, 13, 13, 256, 3, 1, 1, 2)),
+        ("rect 3x5 s2 pad 2 g2 b3", rect),
+    ]);
+    let on = c.gpu.tma_filter_enabled();
+    c.gpu.set_precision(Precision::Bf16)?;
+    c.gpu.set_tma_filter(true);
+    let mut result = Ok(());
+    for (case, geom) in cases {
+        let (x, dy) = (c.randn(geom.x_len(), 1.0), c.randn(geom.y_len(), 1.0));
+        let mut want = vec![0.0; geom.w_len()];
+        c.cpu.conv_backward_filter(&geom, &x, &dy, &mut want)?;
+        let run = |c: &mut Ctx| -> Result<(Vec<f32>, Vec<LaunchTime>)> {
+            let (gx, gdy) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?);
+            let mut gdw = c.gpu.poisoned(geom.w_len())?;
+            c.gpu.start_launch_profile()?;
+            let ran = c.gpu.conv_backward_filter(&geom, &gx, &gdy, &mut gdw);
+            let launches = c.gpu.finish_launch_profile()?;
+            ran?;
+            Ok((c.gpu.download(&gdw)?, launches))
+        };
+        match run(c) {
+            Ok((got, launches)) => {
+                let fed = launches.iter().any(|l| l.kernel.ends_with("_wg_tma_big"));
+                c.check_true(test, &format!("{case}: the TMA weight gradient ran"), fed);
+                c.check(test, &format!("{case} bf16 dw vs CPU"), &got, &want, 1e-2);
+            }
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    c.gpu.set_tma_filter(on);
+    c.gpu.set_precision(Precision::Fp32)?;
+    result
+}
+
 fn conv_tma(c: &mut Ctx) -> Result<()> {
     let test = "conv_tma";
     if !c.gpu.has_wgmma() {

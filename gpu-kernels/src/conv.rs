@@ -1166,6 +1166,115 @@ impl crate::gemm::TmaTiles for ConvTma {
     }
 }
 
+/// The operands of the bf16 weight gradient for the tensor memory
+/// accelerator, both MN-major with k = output pixels down the rows: A, dy
+/// (NHWC, a 2-D tiled map of `[N·OH·OW][F]` at `maps`, boxes of 64
+/// filters × 64 pixels, two per tile: filters `row..row + 128`); B, x's
+/// filter windows (the forwards' im2col map of the NHWC x at `maps + 128`,
+/// but boxes of 64 windows × one tap's 64 channels), two per tile: GEMM
+/// columns `col..col + 64` and `col + 64..col + 128` of the group's
+/// `(kh·KW + kw)·Cg + c`, each within one tap since Cg is a multiple of
+/// 64. Columns past the group's `KH·KW·Cg` (half tiles) load tap 0 again
+/// and are not stored. K tiles `k_begin..k_end` of 64 pixels (this split
+/// slice's); pixels past the batch read as zeros.
+#[cfg(feature = "wgmma")]
+struct ConvTmaFilter {
+    maps: *const u8,
+    s: ConvShape,
+    row: u32,
+    col: u32,
+    chan: u32,
+    k_begin: u32,
+    k_end: u32,
+}
+
+#[cfg(feature = "wgmma")]
+impl crate::gemm::TmaTiles for ConvTmaFilter {
+    /// The next K tile's first pixel.
+    type Cursor = u32;
+    #[inline(always)]
+    unsafe fn acquire(&self) {
+        use crate::device::tma_map_acquire;
+        unsafe {
+            tma_map_acquire(self.maps);
+            tma_map_acquire(self.maps.add(128));
+        }
+    }
+    #[inline(always)]
+    fn start(&self) -> u32 {
+        self.k_begin * 64
+    }
+    #[inline(always)]
+    fn tiles(&self) -> u32 {
+        self.k_end - self.k_begin
+    }
+    #[inline(always)]
+    unsafe fn load(&self, p: &mut u32, a: u32, b: u32, bar: u32) {
+        use crate::device::{tma_im2col_4d, tma_tile_2d};
+        let s = &self.s;
+        let ohw = s.oh * s.ow;
+        let (img, q) = (*p / ohw, *p % ohw);
+        let ih = ((q / s.ow) * s.stride) as i32 - s.pad as i32;
+        let iw = ((q % s.ow) * s.stride) as i32 - s.pad as i32;
+        let cols = s.kk() * s.cg();
+        unsafe {
+            tma_tile_2d(a, self.maps, self.row as i32, *p as i32, bar);
+            tma_tile_2d(a + 8192, self.maps, (self.row + 64) as i32, *p as i32, bar);
+            for j in 0..2u32 {
+                let col = (self.col + 64 * j) % cols;
+                let (tap, c) = (col / s.cg(), col % s.cg());
+                let (kh, kw) = (tap / s.kw, tap % s.kw);
+                let x = self.maps.add(128);
+                let at = b + 8192 * j;
+                tma_im2col_4d(at, x, (self.chan + c) as i32, iw, ih, img as i32, kw as u16, kh as u16, bar);
+            }
+        }
+        *p += 64;
+    }
+}
+
+/// Convolution weight gradient in bf16 on the warpgroup engine, both
+/// operands fetched by the tensor memory accelerator ([`ConvTmaFilter`];
+/// `maps`: dy's and x's tensor maps), products MN-major
+/// (`gemm::gemm_tile_tma` with `MN`): tiles of 128 filters × 128 columns
+/// `(kh·KW + kw)·Cg + c` per group and split slice (⌈KH·KW·Cg/128⌉ ×
+/// ⌈Fg/128⌉ × G·splits of them, over a 1-D grid), each summing its slice of
+/// the ⌈N·OH·OW/64⌉ pixel tiles; partials stored like
+/// [`conv_backward_filter_nhwc_any`]'s (`ws[slice·len(dw) + idx(dw)]`, dw
+/// in `[F][Cg][KH][KW]`). `gemm::TMA_THREADS` threads,
+/// `gemm::tma_shared_bytes(stages)` bytes. Needs Cg and Fg multiples of 64.
+#[cfg(feature = "wgmma")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_backward_filter_nhwc16_bf16_wg_tma_big(
+    s: ConvShape,
+    maps: *const u8,
+    ring: u32,
+    ws: *mut f32,
+    splits: u32,
+) {
+    let n_len = s.cg() * s.kk();
+    let dw_len = s.c_out as usize * n_len as usize;
+    let k_tiles = (s.n * s.oh * s.ow).div_ceil(64);
+    let tile = |[x, y, p]: [u32; 3]| {
+        let (g, slice) = (p / splits, p % splits);
+        let chunk = k_tiles.div_ceil(splits);
+        let k_begin = (slice * chunk).min(k_tiles);
+        let l = ConvTmaFilter {
+            maps,
+            s,
+            row: g * s.fg() + y * 128,
+            col: x * 128,
+            chan: g * s.cg(),
+            k_begin,
+            k_end: (k_begin + chunk).min(k_tiles),
+        };
+        let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
+        (l, StoreFilterGradNhwc { ws, offset, s })
+    };
+    let dims = [n_len, s.fg(), s.groups * splits];
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, true, true>(tile, dims, ring) };
+}
+
 /// Convolution forward as [`conv_forward_nhwc_any`]'s 128×128 warpgroup
 /// kernels (not transposed), with both operands fetched by the tensor
 /// memory accelerator ([`ConvTma`]; `maps`: its two 128-byte tensor maps,
@@ -1181,7 +1290,7 @@ unsafe fn conv_forward_tma<const HALF: bool>(s: ConvShape, maps: *const u8, ring
         (l, e)
     };
     let dims = [s.n * s.oh * s.ow, s.fg(), s.groups];
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF>(tile, dims, ring) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF, false>(tile, dims, ring) };
 }
 
 /// Convolution data gradient (stride 1) as
@@ -1198,7 +1307,7 @@ unsafe fn conv_backward_data_tma<const HALF: bool>(s: ConvShape, maps: *const u8
         (l, e)
     };
     let dims = [s.n * s.h * s.w, s.cg(), s.groups];
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF>(tile, dims, ring) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF, false>(tile, dims, ring) };
 }
 
 /// [`conv_backward_data_tma`] in TF32 (dy and wt TF32-rounded fp32).

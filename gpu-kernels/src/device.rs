@@ -579,6 +579,17 @@ pub fn wg_desc_sw128(addr: u32) -> u64 {
     wg_desc(addr, 16, 1024) | (1u64 << 62)
 }
 
+/// A `wgmma` descriptor for an MN-major bf16 tile in the 128-byte swizzle
+/// (what a TMA box of 64 elements of M or N × k rows lands as): a row of
+/// 128 bytes (64 consecutive elements of M or N) per k, 8-row atoms 1024
+/// bytes apart along k (the stride field), the next 64 elements of M or N
+/// `lbo` bytes on (the leading field; the PTX ISA's canonical MN-major
+/// layout `((8,8,m),(8,k)):((1,8,LBO),(64,SBO))` in bf16 elements).
+#[inline(always)]
+pub fn wg_desc_mn_sw128(addr: u32, lbo: u32) -> u64 {
+    wg_desc(addr, lbo, 1024) | (1u64 << 62)
+}
+
 /// `wgmma.fence`: orders this warp's earlier register and shared-memory
 /// accesses before the warpgroup's next `wgmma`s.
 #[inline(always)]
@@ -806,6 +817,16 @@ pub unsafe fn wgmma<const HALF: bool, const N: u32>(d: &mut [f32; 64], a: u64, b
             0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31),
         _ => unsafe { nvptx::trap() },
     }
+}
+
+/// [`wgmma`] in bf16, 64×128×16, with both tiles MN-major (A's M and B's N
+/// contiguous: `imm-trans-a = imm-trans-b = 1`; descriptors from
+/// [`wg_desc_mn_sw128`]). Only 16-bit types may be transposed.
+#[inline(always)]
+pub unsafe fn wgmma_bf16_mn(d: &mut [f32; 64], a: u64, b: u64) {
+    wgmma_asm!("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", "1, 1, 1, 1;", d, a, b;
+        0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+        32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63)
 }
 
 /// See [`wg_hold!`]: pins the accumulator `d` of an N-column [`wgmma`]

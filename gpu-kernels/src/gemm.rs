@@ -48,7 +48,7 @@
 use crate::device::{
     bid_x, bid_y, bid_z, gdim_x, cp_async_commit, cp_async_f32, cp_async_v4, cp_async_wait, fma,
     fence_proxy_async_shared, ld_shared, mbar_arrive, mbar_arrive_expect_tx, mbar_init, mbar_init_fence, mbar_wait, ld_shared_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_tf32, pack_bf16, shared,
-    bar_sync, shared_addr, st_shared_v2, st_v2, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wg_desc_sw128, wgmma, wgmma_commit, wgmma_fence, wgmma_hold,
+    bar_sync, shared_addr, st_shared_v2, st_v2, sync_threads, tid_x, to_tf32, unrolled, wg_desc, wg_desc_mn_sw128, wg_desc_sw128, wgmma, wgmma_bf16_mn, wgmma_commit, wgmma_fence, wgmma_hold,
     wgmma_wait,
 };
 use core::arch::asm;
@@ -1363,6 +1363,20 @@ fn ws_mma<const HALF: bool>(acc: &mut [f32; 64], a: u32, b: u32) {
     wgmma_wait::<1>();
 }
 
+/// [`ws_mma`] on MN-major bf16 stages (the TMA weight gradient): k runs
+/// down the rows, 64 of them per stage; A's 64 rows of M are one 8 KiB box
+/// at `a`, B's 128 columns two boxes 8 KiB apart from `b`; four k16 steps
+/// of 16 rows (2048 bytes).
+#[inline(always)]
+fn ws_mma_mn(acc: &mut [f32; 64], a: u32, b: u32) {
+    wgmma_fence();
+    for s in 0..4u32 {
+        unsafe { wgmma_bf16_mn(acc, wg_desc_mn_sw128(a + 2048 * s, 8192), wg_desc_mn_sw128(b + 2048 * s, 8192)) };
+    }
+    wgmma_commit();
+    wgmma_wait::<1>();
+}
+
 /// The products of [`gemm_tile_wg`] for 128×128 tiles on 128-byte-swizzled
 /// stages, in blocks of [`WS_THREADS`] (two warpgroups): warpgroup h issues
 /// the `wgmma`s of rows `64h..64h+64` and returns their accumulator. Row
@@ -1505,12 +1519,14 @@ pub const fn tma_shared_bytes(stages: u32) -> u32 {
 /// barrier `full[s]` completes when the tile's bytes are in, `empty[s]`
 /// when all 8 consumer warps have finished the `wgmma`s that read it (each
 /// warp's lane 0 arrives once its `wgmma_wait` has seen them done); no
-/// block-wide barrier is taken after the set-up. `ring`: the stage count
+/// block-wide barrier is taken after the set-up. With `MN` (bf16 only),
+/// the stages hold MN-major tiles, k down the rows ([`ws_mma_mn`]): the
+/// weight gradient's. `ring`: the stage count
 /// in its low byte, and [`TMA_DIRECT_STORE`]. Where a block has one tile
 /// and the stages hold [`STAGED_BYTES`] (3 or more), the free stages stage
 /// the epilogue ([`wg_store_staged`]) unless that bit says not to.
 #[inline(always)]
-pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, T: Fn([u32; 3]) -> (L, E), const HALF: bool>(
+pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, T: Fn([u32; 3]) -> (L, E), const HALF: bool, const MN: bool>(
     tile: T,
     [n_total, m_total, problems]: [u32; 3],
     ring: u32,
@@ -1586,7 +1602,11 @@ pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, T: Fn([u32; 3]) -> (L, E),
             let (s, round) = next();
             unsafe { mbar_wait(full + 8 * s, round % 2) };
             let stage = smem + s * WS_STAGE_BYTES;
-            ws_mma::<HALF>(&mut acc, stage + 64 * h * WS_ROW, stage + b_off);
+            if MN {
+                ws_mma_mn(&mut acc, stage + 64 * h * WS_ROW, stage + b_off);
+            } else {
+                ws_mma::<HALF>(&mut acc, stage + 64 * h * WS_ROW, stage + b_off);
+            }
             // `ws_mma` waited for the K tile before this one: its stage is free.
             if let Some(p) = last
                 && lane == 0

@@ -992,6 +992,33 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
             splits,
         });
     }
+    if let Some(name) = be.tma_filter_kernel(g) {
+        // 128×128 tiles per group; split slices for about two waves of
+        // one block per SM.
+        let tiles = n_len.div_ceil(128) * m.div_ceil(128) * g.groups;
+        let splits = (2 * be.sm_count() as usize)
+            .div_ceil(tiles)
+            .clamp(1, (k / 1024).clamp(1, 64)) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                n_len.div_ceil(128) as u32,
+                m.div_ceil(128) as u32,
+                (g.groups * splits as usize) as u32,
+            ),
+            block_dim: (super::gemm::WG_TMA_THREADS, 1, 1),
+            shared_mem_bytes: super::gemm::tma_shared(super::gemm::TMA_STAGES),
+        };
+        let plan = VecPlan {
+            name,
+            half: true,
+            cfg,
+        };
+        return FilterPlan::Vec(VecFilter {
+            plan,
+            rows: None,
+            splits,
+        });
+    }
     let fits = [
         cg.is_multiple_of(4) && m.is_multiple_of(4),
         cg.is_multiple_of(8) && m.is_multiple_of(8),
@@ -1035,8 +1062,13 @@ fn filter_from_nhwc(
 ) -> Result<()> {
     let (plan, splits) = (&f.plan, f.splits);
     let what = || format!("{g:?} splits={splits}");
-    let mut run =
-        |xc: &CudaSlice<f32>| filter_launch(be, plan.name, plan.cfg, s, xc, dyt, dw, splits, &what);
+    let mut run = |xc: &CudaSlice<f32>| {
+        if plan.name.contains("_tma") {
+            filter_launch_tma(be, g, plan, s, xc, dyt, dw, splits, &what)
+        } else {
+            filter_launch(be, plan.name, plan.cfg, s, xc, dyt, dw, splits, &what)
+        }
+    };
     let copy = f.x_copy();
     match kept.filter(|k| holds_kept(be, g, copy, k)) {
         Some(k) => run(k),
@@ -1115,6 +1147,33 @@ fn filter_launch(
     let len = dw.len();
     be.with_workspace(len * splits as usize, |ws| {
         launch!(be, name, cfg, what; s, x, dy, &mut *ws, &splits)?;
+        launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits, &0u64, &1u32)
+    })
+}
+
+/// [`filter_launch`] for the TMA weight gradient: its tensor maps (x's
+/// NHWC bf16 copy `xc`, dy's `dyt`) and its ring, then the same split-K
+/// reduction.
+#[allow(clippy::too_many_arguments)] // the product's operands and plan
+fn filter_launch_tma(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    plan: &VecPlan,
+    s: &ConvShape,
+    xc: &CudaSlice<f32>,
+    dyt: &CudaSlice<f32>,
+    dw: &mut CudaSlice<f32>,
+    splits: u32,
+    what: &dyn Fn() -> String,
+) -> Result<()> {
+    let maps = be.conv_tma_maps(g, TmaProduct::Filter, xc, dyt, true)?;
+    let (cfg, ring) = be.tma_cfg(plan.name, plan.cfg)?;
+    if splits == 1 {
+        return launch!(be, plan.name, cfg, what; s, &maps, &ring, dw, &splits);
+    }
+    let len = dw.len();
+    be.with_workspace(len * splits as usize, |ws| {
+        launch!(be, plan.name, cfg, what; s, &maps, &ring, &mut *ws, &splits)?;
         launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits, &0u64, &1u32)
     })
 }

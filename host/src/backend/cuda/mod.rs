@@ -412,6 +412,10 @@ pub struct CudaBackend {
     /// on by default on Hopper (`ALEXNET_TMA_DATA=0` turns it off); conv3's
     /// TF32 data gradient 0.38 → 0.21 ms on the H100 (benches/NOTES.md).
     tma_data: bool,
+    /// Whether the bf16 weight gradients whose shape allows it run on the
+    /// TMA kernel (`ALEXNET_TMA_FILTER=1`; off by default: not yet run on
+    /// a GPU).
+    tma_filter: bool,
     /// The TMA kernels' tensor maps (`tma.rs`).
     tma_maps: Mutex<tma::TmaMaps>,
     /// The TMA kernels' stages of 32 KiB (`ALEXNET_TMA_STAGES`, 2 to 7;
@@ -614,6 +618,7 @@ impl CudaBackend {
             wg_big: hopper && !std::env::var("ALEXNET_WG_BIG").is_ok_and(|v| v == "0"),
             tma: hopper && !std::env::var("ALEXNET_TMA").is_ok_and(|v| v == "0"),
             tma_data: hopper && !std::env::var("ALEXNET_TMA_DATA").is_ok_and(|v| v == "0"),
+            tma_filter: hopper && std::env::var("ALEXNET_TMA_FILTER").is_ok_and(|v| v == "1"),
             tma_maps: Mutex::new(tma::TmaMaps::new()),
             tma_grid: if std::env::var("ALEXNET_TMA_PERSISTENT").is_ok_and(|v| v == "1") {
                 TmaGrid::Resident
@@ -982,6 +987,27 @@ impl CudaBackend {
             "conv_backward_data_nhwc_tf32_wg_tma_big"
         };
         self.funcs.get_key_value(name).map(|(k, _)| (*k, half))
+    }
+
+    /// The TMA weight gradient for `g`, where it is on and fits.
+    fn tma_filter_kernel(&self, g: &ConvGeom) -> Option<&'static str> {
+        let half = self.tma_half()?;
+        if !self.tma_filter || tma::conv_filter_unfit(g, half).is_some() {
+            return None;
+        }
+        let name = "conv_backward_filter_nhwc16_bf16_wg_tma_big";
+        self.funcs.get_key_value(name).map(|(k, _)| *k)
+    }
+
+    /// Turns the TMA weight gradients on or off (where the GPU has them).
+    pub fn set_tma_filter(&mut self, on: bool) {
+        self.tma_filter = on && self.has_wgmma;
+        self.settings_changed();
+    }
+
+    /// Whether the TMA weight gradients are on.
+    pub fn tma_filter_enabled(&self) -> bool {
+        self.tma_filter
     }
 
     /// Whether the TMA kernels' operands are bf16 (`Some(true)`) or TF32

@@ -1,7 +1,8 @@
 //! Tensor maps for the kernels whose operands the tensor memory accelerator
-//! (TMA, Hopper) fetches: the channels-last conv forwards and data
-//! gradients `*_wg_tma_big` (`gpu_kernels::conv::conv_forward_tma`,
-//! `conv_backward_data_tma`).
+//! (TMA, Hopper) fetches: the channels-last conv forwards, data gradients
+//! and bf16 weight gradients `*_wg_tma_big` (`gpu_kernels::conv::
+//! conv_forward_tma`, `conv_backward_data_tma`,
+//! `conv_backward_filter_nhwc16_bf16_wg_tma_big`).
 //!
 //! A tensor map is a 128-byte descriptor the driver encodes on the host
 //! (`cuTensorMapEncodeTiled` / `cuTensorMapEncodeIm2col`, no GPU work). The
@@ -31,6 +32,8 @@ pub(super) enum TmaProduct {
     Forward,
     /// The data gradient (stride 1 only).
     Data,
+    /// The weight gradient (bf16 only): dy's map in place of the weights'.
+    Filter,
 }
 
 /// What a conv product's maps depend on.
@@ -72,6 +75,20 @@ pub(super) fn conv_data_unfit(g: &ConvGeom, half: bool) -> Option<&'static str> 
     }
 }
 
+/// Why `g`'s weight gradient cannot run on the TMA kernel (`None`: it
+/// can): bf16 only (its products read MN-major tiles, which TF32 `wgmma`
+/// cannot), a group's channels and filters in whole 64-element boxes, and
+/// the forward's im2col limits.
+pub(super) fn conv_filter_unfit(g: &ConvGeom, half: bool) -> Option<&'static str> {
+    if !half {
+        Some("TF32 (its wgmma reads K-major tiles only)")
+    } else if !(g.c_in / g.groups).is_multiple_of(64) || !(g.c_out / g.groups).is_multiple_of(64) {
+        Some("a group's channels or filters are not a multiple of 64")
+    } else {
+        unfit(g, g.c_in / g.groups, half)
+    }
+}
+
 fn unfit(g: &ConvGeom, chans: usize, half: bool) -> Option<&'static str> {
     if !(chans * elem(half)).is_multiple_of(128) {
         Some("a group's channels are not a multiple of 128 bytes")
@@ -93,17 +110,19 @@ fn encode_err(what: &str, g: &ConvGeom, r: sys::CUresult) -> anyhow::Error {
 }
 
 /// The weights as a 2-D map with 128 × 128-byte boxes: `[F][KH·KW·Cg]`
-/// (forward) or `[G·Cg][KH·KW·Fg]` (data gradient).
+/// (forward) or `[G·Cg][KH·KW·Fg]` (data gradient); for the weight
+/// gradient, dy (NHWC) as `[N·OH·OW][F]` with boxes of 64 pixels × 128
+/// bytes (64 filters).
 fn weights_map(g: &ConvGeom, p: TmaProduct, wt: u64, half: bool) -> Result<sys::CUtensorMap> {
     let e = elem(half);
-    let (rows, per_row) = match p {
-        TmaProduct::Forward => (g.c_out, g.c_in / g.groups),
-        TmaProduct::Data => (g.c_in, g.c_out / g.groups),
+    let (rows, row_len, box_rows) = match p {
+        TmaProduct::Forward => (g.c_out, g.k_h * g.k_w * (g.c_in / g.groups), 128),
+        TmaProduct::Data => (g.c_in, g.k_h * g.k_w * (g.c_out / g.groups), 128),
+        TmaProduct::Filter => (g.n * g.out_h() * g.out_w(), g.c_out, 64),
     };
-    let k_len = g.k_h * g.k_w * per_row;
-    let dims = [k_len as u64, rows as u64];
-    let strides = [(k_len * e) as u64];
-    let boxes = [(128 / e) as u32, 128];
+    let dims = [row_len as u64, rows as u64];
+    let strides = [(row_len * e) as u64];
+    let boxes = [(128 / e) as u32, box_rows];
     let ones = [1u32, 1];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     // SAFETY: every array has the rank's length (strides one less); the
@@ -150,7 +169,7 @@ struct Im2col {
 fn im2col(g: &ConvGeom, p: TmaProduct) -> Im2col {
     let (pad, kw, kh) = (g.pad as i32, g.k_w as i32, g.k_h as i32);
     match p {
-        TmaProduct::Forward => Im2col {
+        TmaProduct::Forward | TmaProduct::Filter => Im2col {
             dims: [g.w, g.h],
             chans: g.c_in,
             lower: [-pad, -pad],
@@ -168,8 +187,8 @@ fn im2col(g: &ConvGeom, p: TmaProduct) -> Im2col {
 }
 
 /// The gathered operand as an im2col map ([`im2col`]): boxes of 128
-/// consecutive windows (w fastest, then h, then the image) × 128 bytes of
-/// channels.
+/// consecutive windows (w fastest, then h, then the image; 64 for the
+/// weight gradient) × 128 bytes of channels.
 fn patches_map(g: &ConvGeom, p: TmaProduct, x: u64, half: bool) -> Result<sys::CUtensorMap> {
     let e = elem(half) as u64;
     let m = im2col(g, p);
@@ -196,7 +215,7 @@ fn patches_map(g: &ConvGeom, p: TmaProduct, x: u64, half: bool) -> Result<sys::C
             lower.as_ptr(),
             upper.as_ptr(),
             (128 / e) as u32,
-            128,
+            if p == TmaProduct::Filter { 64 } else { 128 },
             steps.as_ptr(),
             sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
             sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
@@ -225,7 +244,8 @@ impl CudaBackend {
     /// The device address of a conv product's two tensor maps (weights,
     /// then the gathered operand), made on first use: forward, NHWC `x`
     /// and `[F][KH][KW][Cg]` `wt`; data gradient, NHWC dy and
-    /// `[G][Cg][KH][KW][Fg]` `wt`.
+    /// `[G][Cg][KH][KW][Fg]` `wt`; weight gradient, NHWC x and NHWC dy as
+    /// `wt`.
     pub(super) fn conv_tma_maps(
         &self,
         g: &ConvGeom,
@@ -274,7 +294,7 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{TmaProduct, conv_data_unfit, conv_forward_unfit, im2col};
+    use super::{TmaProduct, conv_data_unfit, conv_filter_unfit, conv_forward_unfit, im2col};
     use crate::backend::ConvGeom;
 
     /// The im2col maps against a model of the TMA traversal (window corners
@@ -296,7 +316,7 @@ mod tests {
             g(2, 64, 12, 10, 64, (3, 3), 1, 0, 1),
         ];
         for c in cases {
-            for p in [TmaProduct::Forward, TmaProduct::Data] {
+            for p in [TmaProduct::Forward, TmaProduct::Data, TmaProduct::Filter] {
                 if p == TmaProduct::Data && c.stride != 1 {
                     continue;
                 }
@@ -305,7 +325,7 @@ mod tests {
                     |a: usize| (m.dims[a] as i32 - 1 + m.upper[a] - m.lower[a]) / m.step as i32 + 1;
                 // The pixels the kernel walks: output (forward), input (data).
                 let (pw, ph) = match p {
-                    TmaProduct::Forward => (c.out_w(), c.out_h()),
+                    TmaProduct::Forward | TmaProduct::Filter => (c.out_w(), c.out_h()),
                     TmaProduct::Data => (c.w, c.h),
                 };
                 assert_eq!((count(0), count(1)), (pw as i32, ph as i32), "{c:?} {p:?}");
@@ -318,7 +338,7 @@ mod tests {
                     let (s, pad) = (c.stride as i32, c.pad as i32);
                     let (kh, kw) = (c.k_h as i32, c.k_w as i32);
                     let kernel = match p {
-                        TmaProduct::Forward => (y * s - pad, x * s - pad),
+                        TmaProduct::Forward | TmaProduct::Filter => (y * s - pad, x * s - pad),
                         TmaProduct::Data => (y - (kh - 1 - pad), x - (kw - 1 - pad)),
                     };
                     assert_eq!(model, kernel, "{c:?} {p:?} pixel {q}");
@@ -395,6 +415,22 @@ mod tests {
             assert!(conv_data_unfit(&alexnet(3, 96, 11, 4, 2, 1), half).is_some());
             assert!(conv_data_unfit(&alexnet(256, 384, 3, 1, 3, 1), half).is_some());
         }
+        // Weight gradients: bf16 only, channels and filters in 64s (conv3–5).
+        assert_eq!(
+            conv_filter_unfit(&alexnet(256, 384, 3, 1, 1, 1), true),
+            None
+        );
+        assert_eq!(
+            conv_filter_unfit(&alexnet(384, 384, 3, 1, 1, 2), true),
+            None
+        );
+        assert_eq!(
+            conv_filter_unfit(&alexnet(384, 256, 3, 1, 1, 2), true),
+            None
+        );
+        assert!(conv_filter_unfit(&alexnet(256, 384, 3, 1, 1, 1), false).is_some());
+        assert!(conv_filter_unfit(&alexnet(96, 256, 5, 1, 2, 2), true).is_some());
+        assert!(conv_filter_unfit(&alexnet(128, 96, 3, 1, 1, 1), true).is_some());
         // 32 channels a group: one TF32 K tile, half a bf16 one.
         assert_eq!(
             conv_forward_unfit(&alexnet(64, 64, 3, 1, 1, 2), false),
