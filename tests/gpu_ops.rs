@@ -924,6 +924,25 @@ fn conv_wg_big(c: &mut Ctx) -> Result<()> {
 /// their TMA kernels (`ALEXNET_TMA_DATA`) against the warpgroup engine's
 /// `cp.async` 128×128 kernels, bit for bit, and the CPU reference. Off
 /// Hopper it says SKIPPED and checks nothing.
+/// Whether the GPU has the tensor memory accelerator (Hopper); says
+/// SKIPPED where it has not.
+fn has_tma(c: &Ctx) -> bool {
+    let has = c.gpu.has_wgmma();
+    if !has {
+        println!("  SKIPPED (no tensor memory accelerator: not a Hopper GPU)");
+    }
+    has
+}
+
+/// `g` with a 3×5 filter (rows × columns).
+fn rect_3x5(g: ConvGeom) -> ConvGeom {
+    ConvGeom {
+        k_h: 3,
+        k_w: 5,
+        ..g
+    }
+}
+
 /// The bf16 weight gradient on the TMA kernel
 /// (`conv_backward_filter_nhwc16_bf16_wg_tma_big`, MN-major `wgmma`
 /// tiles; `ALEXNET_TMA_FILTER`) against the CPU reference, dw poisoned
@@ -935,16 +954,11 @@ fn conv_wg_big(c: &mut Ctx) -> Result<()> {
 /// Hopper it says SKIPPED and checks nothing.
 fn conv_tma_filter(c: &mut Ctx) -> Result<()> {
     let test = "conv_tma_filter";
-    if !c.gpu.has_wgmma() {
-        println!("  SKIPPED (no tensor memory accelerator: not a Hopper GPU)");
+    if !has_tma(c) {
         return Ok(());
     }
     let g = conv_geom;
-    let rect = ConvGeom {
-        k_h: 3,
-        k_w: 5,
-        ..g(3, 128, 11, 9, 256, 3, 2, 2, 2)
-    };
+    let rect = rect_3x5(g(3, 128, 11, 9, 256, 3, 2, 2, 2));
     let cases = keep(vec![
         ("alexnet conv3 b4", g(4, 256, 13, 13, 384, 3, 1, 1, 1)),
         ("alexnet conv3 b16", g(16, 256, 13, 13, 384, 3, 1, 1, 1)),
@@ -988,16 +1002,11 @@ fn conv_tma_filter(c: &mut Ctx) -> Result<()> {
 
 fn conv_tma(c: &mut Ctx) -> Result<()> {
     let test = "conv_tma";
-    if !c.gpu.has_wgmma() {
-        println!("  SKIPPED (no tensor memory accelerator: not a Hopper GPU)");
+    if !has_tma(c) {
         return Ok(());
     }
     let g = conv_geom;
-    let rect = ConvGeom {
-        k_h: 3,
-        k_w: 5,
-        ..g(3, 128, 11, 9, 200, 3, 1, 2, 2)
-    };
+    let rect = rect_3x5(g(3, 128, 11, 9, 200, 3, 1, 2, 2));
     let cases = keep(vec![
         ("alexnet conv3 b128", g(128, 256, 13, 13, 384, 3, 1, 1, 1)),
         ("alexnet conv4 b128", g(128, 384, 13, 13, 384, 3, 1, 1, 2)),

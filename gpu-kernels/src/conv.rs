@@ -1109,6 +1109,17 @@ impl ConvTma {
     }
 }
 
+/// Readies a TMA conv kernel's two tensor maps (at `maps` and `maps + 128`).
+#[cfg(feature = "wgmma")]
+#[inline(always)]
+unsafe fn acquire_maps(maps: *const u8) {
+    use crate::device::tma_map_acquire;
+    unsafe {
+        tma_map_acquire(maps);
+        tma_map_acquire(maps.add(128));
+    }
+}
+
 /// Where [`ConvTma`]'s next K tile starts: tap (kh, kw), channel c of the
 /// group, and k.
 #[cfg(feature = "wgmma")]
@@ -1124,11 +1135,7 @@ impl crate::gemm::TmaTiles for ConvTma {
     type Cursor = TmaCursor;
     #[inline(always)]
     unsafe fn acquire(&self) {
-        use crate::device::tma_map_acquire;
-        unsafe {
-            tma_map_acquire(self.maps);
-            tma_map_acquire(self.maps.add(128));
-        }
+        unsafe { acquire_maps(self.maps) }
     }
     #[inline(always)]
     fn start(&self) -> TmaCursor {
@@ -1194,11 +1201,7 @@ impl crate::gemm::TmaTiles for ConvTmaFilter {
     type Cursor = u32;
     #[inline(always)]
     unsafe fn acquire(&self) {
-        use crate::device::tma_map_acquire;
-        unsafe {
-            tma_map_acquire(self.maps);
-            tma_map_acquire(self.maps.add(128));
-        }
+        unsafe { acquire_maps(self.maps) }
     }
     #[inline(always)]
     fn start(&self) -> u32 {
