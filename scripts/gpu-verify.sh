@@ -21,7 +21,8 @@
 # under memcheck and racecheck too; `kernels conv_forward` as the step runs
 # it and with 128×128 tiles forced, on and off TMA; host bench with
 # ALEXNET_TMA=0, ALEXNET_TMA_DATA=0 and ALEXNET_TMA_EPILOGUE=direct; the
-# stages and resident blocks,
+# bf16 TMA weight gradient, ALEXNET_TMA_FILTER=1; the stages and resident
+# blocks,
 # ALEXNET_TMA_STAGES and _PERSISTENT, over $STAGES and $RESIDENT);
 # COMPARE=1 issue 4's table (ours and PyTorch's, in $OUT/logs/table). Steps that
 # would pass $DEADLINE s are skipped (and say so), as are those whose log
@@ -114,6 +115,12 @@ if [ "${TMA:-0}" = 1 ]; then
   for p in tf32 bf16; do
     r bench-$p-direct 60 env ALEXNET_TMA_EPILOGUE=direct $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
+  # The bf16 TMA weight gradient (opt-in, ALEXNET_TMA_FILTER=1): its check,
+  # then its speed against the default and the step with it.
+  r conv_tma_filter 120 .gpf/bin/gpu_ops conv_tma_filter
+  r k-filter 60 .gpf/bin/kernels conv_backward_filter
+  r k-tma-filter 60 env ALEXNET_TMA_FILTER=1 .gpf/bin/kernels conv_backward_filter
+  r bench-bf16-tma-filter 60 env ALEXNET_TMA_FILTER=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision bf16
   # kernels-base: the same benchmark of an earlier build, put there by hand.
   [ -x .gpf/bin/kernels-base ] && r k-base 60 env ALEXNET_TMA_DATA=1 .gpf/bin/kernels-base conv_forward conv_backward_data
   # The producer's ring: 2 to 7 stages of 32 KiB (5 by default), a block
@@ -182,7 +189,7 @@ if [ "${COMPARE:-0}" = 1 ]; then
   fi
 fi
 [ "${GPU_OPS_ALL:-1}" = 1 ] && r gpu_ops 330 .gpf/bin/gpu_ops
-grep -h "gpu_ops:\|ERROR SUMMARY\|RACECHECK SUMMARY" $L/gpu_ops*.log $L/memcheck.log $L/conv_wg_big.log $L/wg-big-*.log $L/conv_tma.log $L/tma-*.log >> $L/summary.log 2>/dev/null
+grep -h "gpu_ops:\|ERROR SUMMARY\|RACECHECK SUMMARY" $L/gpu_ops*.log $L/memcheck.log $L/conv_wg_big.log $L/wg-big-*.log $L/conv_tma.log $L/conv_tma_filter.log $L/tma-*.log >> $L/summary.log 2>/dev/null
 grep -H "images/s\|arena" $L/bench-*.log | sed 's#.*/##' >> $L/summary.log
 grep -h "ten views\|centre crop" $L/fashion-bf16-test.log >> $L/summary.log 2>/dev/null
 cat $L/summary.log; pack
