@@ -1141,12 +1141,32 @@ fn filter_launch(
     splits: u32,
     what: &dyn Fn() -> String,
 ) -> Result<()> {
+    split_into(
+        be,
+        dw,
+        splits,
+        what,
+        |out| launch!(be, name, cfg, what; s, x, dy, out, &splits),
+    )
+}
+
+/// Runs `product` (a weight-gradient launch writing `splits` K slices'
+/// partials of dw, one after another) into `dw` itself when `splits` is 1,
+/// else into the split-K workspace, then sums the slices into `dw` with
+/// `splitk_reduce`.
+fn split_into(
+    be: &CudaBackend,
+    dw: &mut CudaSlice<f32>,
+    splits: u32,
+    what: &dyn Fn() -> String,
+    mut product: impl FnMut(&mut CudaSlice<f32>) -> Result<()>,
+) -> Result<()> {
     if splits == 1 {
-        return launch!(be, name, cfg, what; s, x, dy, dw, &splits);
+        return product(dw);
     }
     let len = dw.len();
     be.with_workspace(len * splits as usize, |ws| {
-        launch!(be, name, cfg, what; s, x, dy, &mut *ws, &splits)?;
+        product(&mut *ws)?;
         launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits, &0u64, &1u32)
     })
 }
@@ -1168,14 +1188,13 @@ fn filter_launch_tma(
 ) -> Result<()> {
     let maps = be.conv_tma_maps(g, TmaProduct::Filter, xc, dyt, true)?;
     let (cfg, ring) = be.tma_cfg(plan.name, plan.cfg)?;
-    if splits == 1 {
-        return launch!(be, plan.name, cfg, what; s, &maps, &ring, dw, &splits);
-    }
-    let len = dw.len();
-    be.with_workspace(len * splits as usize, |ws| {
-        launch!(be, plan.name, cfg, what; s, &maps, &ring, &mut *ws, &splits)?;
-        launch!(be, "splitk_reduce", grid_1d(be, len), what; &*ws, &mut *dw, &len, &splits, &0u64, &1u32)
-    })
+    split_into(
+        be,
+        dw,
+        splits,
+        what,
+        |out| launch!(be, plan.name, cfg, what; s, &maps, &ring, out, &splits),
+    )
 }
 
 pub(super) fn conv_backward_bias(
