@@ -118,6 +118,9 @@ if [ "${TMA:-0}" = 1 ]; then
   # The bf16 TMA weight gradient (opt-in, ALEXNET_TMA_FILTER=1): its check,
   # then its speed against the default and the step with it.
   r conv_tma_filter 120 .gpf/bin/gpu_ops conv_tma_filter
+  for tool in memcheck racecheck; do
+    r tma-filter-$tool 120 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool $tool --error-exitcode 1 .gpf/bin/gpu_ops conv_tma_filter
+  done
   r k-filter 60 .gpf/bin/kernels conv_backward_filter
   r k-tma-filter 60 env ALEXNET_TMA_FILTER=1 .gpf/bin/kernels conv_backward_filter
   r bench-bf16-tma-filter 60 env ALEXNET_TMA_FILTER=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision bf16
