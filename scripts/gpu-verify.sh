@@ -21,7 +21,7 @@
 # under memcheck and racecheck too; `kernels conv_forward` as the step runs
 # it and with 128×128 tiles forced, on and off TMA; host bench with
 # ALEXNET_TMA=0, ALEXNET_TMA_DATA=0 and ALEXNET_TMA_EPILOGUE=direct; the
-# bf16 TMA weight gradient, ALEXNET_TMA_FILTER=1; the stages and resident
+# TMA weight gradients, ALEXNET_TMA_FILTER=1; the stages and resident
 # blocks,
 # ALEXNET_TMA_STAGES and _PERSISTENT, over $STAGES and $RESIDENT);
 # COMPARE=1 issue 4's table (ours and PyTorch's, in $OUT/logs/table). Steps that
@@ -115,15 +115,18 @@ if [ "${TMA:-0}" = 1 ]; then
   for p in tf32 bf16; do
     r bench-$p-direct 60 env ALEXNET_TMA_EPILOGUE=direct $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
-  # The bf16 TMA weight gradient (opt-in, ALEXNET_TMA_FILTER=1): its check,
-  # then its speed against the default and the step with it.
-  r conv_tma_filter 120 .gpf/bin/gpu_ops conv_tma_filter
+  # The TMA weight gradients (opt-in, ALEXNET_TMA_FILTER=1; TF32 over the
+  # padded pixel grid): their checks, then their speed against the default
+  # and the step with them.
+  r conv_tma_filter 120 .gpf/bin/gpu_ops conv_tma_filter pixel_grid
   for tool in memcheck racecheck; do
     r tma-filter-$tool 120 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool $tool --error-exitcode 1 .gpf/bin/gpu_ops conv_tma_filter
   done
   r k-filter 60 .gpf/bin/kernels conv_backward_filter
   r k-tma-filter 60 env ALEXNET_TMA_FILTER=1 .gpf/bin/kernels conv_backward_filter
-  r bench-bf16-tma-filter 60 env ALEXNET_TMA_FILTER=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision bf16
+  for p in tf32 bf16; do
+    r bench-$p-tma-filter 60 env ALEXNET_TMA_FILTER=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
+  done
   # kernels-base: the same benchmark of an earlier build, put there by hand.
   [ -x .gpf/bin/kernels-base ] && r k-base 60 env ALEXNET_TMA_DATA=1 .gpf/bin/kernels-base conv_forward conv_backward_data
   # The producer's ring: 2 to 7 stages of 32 KiB (5 by default), a block

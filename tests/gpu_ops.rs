@@ -157,6 +157,7 @@ const TESTS: &[(&str, Test)] = &[
     ("conv_tma_filter", conv_tma_filter),
     ("transpose", transpose),
     ("row_patches", row_patches),
+    ("pixel_grid", pixel_grid),
     ("convert_bf16", convert_bf16),
     ("convert_tf32", convert_tf32),
     ("fc_forward", fc_forward),
@@ -943,15 +944,18 @@ fn rect_3x5(g: ConvGeom) -> ConvGeom {
     }
 }
 
-/// The bf16 weight gradient on the TMA kernel
+/// The weight gradients on the TMA kernels (`ALEXNET_TMA_FILTER`) against
+/// the CPU reference, dw poisoned first. bf16
 /// (`conv_backward_filter_nhwc16_bf16_wg_tma_big`, MN-major `wgmma`
-/// tiles; `ALEXNET_TMA_FILTER`) against the CPU reference, dw poisoned
-/// first: AlexNet conv3 (one slice and, at batch 16, split slices whose
+/// tiles): AlexNet conv3 (one slice and, at batch 16, split slices whose
 /// pixel count is no multiple of 64), conv4 (two groups, 192 filters a
 /// group: half tiles of filters and of columns), a batch-1 conv5, and a
-/// 3×5 filter at stride 2 with pad 2 on an 11×9 image in two groups. Each
-/// case also checks, from the launch record, that the TMA kernel ran. Off
-/// Hopper it says SKIPPED and checks nothing.
+/// 3×5 filter at stride 2 with pad 2 on an 11×9 image in two groups. TF32
+/// (`conv_backward_filter_grid_tf32_wg_tma_big`, over the padded pixel
+/// grid, stride 1): the same stride-1 cases, the 3×5 filter at stride 1,
+/// conv2 (48 channels a group: boxes of 16) and 40 channels with no
+/// padding and 72 filters. Each case also checks, from the launch record,
+/// that the TMA kernel ran. Off Hopper it says SKIPPED and checks nothing.
 fn conv_tma_filter(c: &mut Ctx) -> Result<()> {
     let test = "conv_tma_filter";
     if !has_tma(c) {
@@ -966,11 +970,22 @@ fn conv_tma_filter(c: &mut Ctx) -> Result<()> {
         ("conv5 b1", g(1, 384, 13, 13, 256, 3, 1, 1, 2)),
         ("rect 3x5 s2 pad 2 g2 b3", rect),
     ]);
+    // TF32 runs over the padded pixel grid, stride 1 only; any group's
+    // channels in eights.
+    let tf32_only = keep(vec![
+        ("rect 3x5 s1 pad 2 g2 b3", rect_3x5(g(3, 128, 11, 9, 256, 3, 1, 2, 2))),
+        ("conv2 b2 (48 channels a group)", g(2, 96, 27, 27, 256, 5, 1, 2, 2)),
+        ("odd 40ch 7x9 k3 p0 f72 b3", g(3, 40, 7, 9, 72, 3, 1, 0, 1)),
+    ]);
     let on = c.gpu.tma_filter_enabled();
-    c.gpu.set_precision(Precision::Bf16)?;
     c.gpu.set_tma_filter(true);
     let mut result = Ok(());
-    for (case, geom) in cases {
+    let runs = cases.iter().map(|&(case, geom)| (Precision::Bf16, case, geom));
+    let tf32 = cases.iter().chain(&tf32_only).filter(|(_, geom)| geom.stride == 1);
+    let runs = runs.chain(tf32.map(|&(case, geom)| (Precision::Tf32, case, geom)));
+    for (p, case, geom) in runs.collect::<Vec<_>>() {
+        c.gpu.set_precision(p)?;
+        let (label, tol) = label_tol(c, p);
         let (x, dy) = (c.randn(geom.x_len(), 1.0), c.randn(geom.y_len(), 1.0));
         let mut want = vec![0.0; geom.w_len()];
         c.cpu.conv_backward_filter(&geom, &x, &dy, &mut want)?;
@@ -985,9 +1000,9 @@ fn conv_tma_filter(c: &mut Ctx) -> Result<()> {
         };
         match run(c) {
             Ok((got, launches)) => {
-                let fed = launches.iter().any(|l| l.kernel.ends_with("_wg_tma_big"));
-                c.check_true(test, &format!("{case}: the TMA weight gradient ran"), fed);
-                c.check(test, &format!("{case} bf16 dw vs CPU"), &got, &want, 1e-2);
+                let fed = launches.iter().any(|l| l.kernel.starts_with("conv_backward_filter") && l.kernel.ends_with("_wg_tma_big"));
+                c.check_true(test, &format!("{case}{label}: the TMA weight gradient ran"), fed);
+                c.check(test, &format!("{case}{label} dw vs CPU"), &got, &want, tol);
             }
             Err(e) => {
                 result = Err(e);
@@ -1472,6 +1487,32 @@ fn transpose(c: &mut Ctx) -> Result<()> {
 /// `row_patches` (fp32, exact), `row_patches_tf32` and `row_patches_bf16`
 /// (bit for bit) against their CPU twins, on poisoned destinations, for a convolution's
 /// input and its filter bank.
+/// `pixel_grid_tf32` against its CPU twin bit for bit, on a destination
+/// poisoned first (the padding must be written as zeros): x and dy of odd,
+/// batch-1, two-group, zero-pad and AlexNet shapes on their grids.
+fn pixel_grid(c: &mut Ctx) -> Result<()> {
+    let g = conv_geom;
+    let cases = keep(vec![
+        ("odd 3x5x7x9 k3 p1", g(3, 5, 7, 9, 6, 3, 1, 1, 1)),
+        ("batch1 1x8x6x5 k5 p2 g2", g(1, 8, 6, 5, 4, 5, 1, 2, 2)),
+        ("pad0 2x3x5x7 k3", g(2, 3, 5, 7, 2, 3, 1, 0, 1)),
+        ("alexnet conv3 b4", g(4, 256, 13, 13, 384, 3, 1, 1, 1)),
+    ]);
+    for (case, geom) in cases {
+        for (what, dy) in [("x", false), ("dy", true)] {
+            let gg = GridGeom::of(&geom, dy).expect("stride 1");
+            let src = c.randn(gg.src_len(), 1.0);
+            let want = host::backend::cpu::layout::pixel_grid_tf32(&src, &gg);
+            let gsrc = c.gpu.upload(&src)?;
+            let mut gdst = c.gpu.poisoned(want.len())?;
+            c.gpu.pixel_grid_tf32(&gsrc, &mut gdst, &gg)?;
+            let got = c.gpu.download(&gdst)?;
+            c.check_true("pixel_grid", &format!("{case} {what} bitwise"), bits_equal(&got, &want));
+        }
+    }
+    Ok(())
+}
+
 fn row_patches(c: &mut Ctx) -> Result<()> {
     let conv =
         |n, c_in, h, w, c_out, k, stride, pad| conv_geom(n, c_in, h, w, c_out, k, stride, pad, 1);

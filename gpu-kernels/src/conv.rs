@@ -1278,6 +1278,111 @@ pub unsafe extern "ptx-kernel" fn conv_backward_filter_nhwc16_bf16_wg_tma_big(
     unsafe { crate::gemm::gemm_tile_tma::<_, _, _, true, true>(tile, dims, ring) };
 }
 
+/// The operands of the TF32 weight gradient for the tensor memory
+/// accelerator, both K-major over the padded pixel grid (`layout::
+/// pixel_grid_tf32`: each channel's pixels as one row, image b's pixel
+/// (y, x) at `(b·Hp + y)·Wp + x`, zeros between the images' rows): A, dy's
+/// grid `[F][len]` at `maps` (boxes of 32 pixels × 128 filters: filters
+/// `row..row + 128`); B, x's grid `[C][len]` at `maps + 128` (boxes of 32
+/// pixels × `bx` channels, `128 / bx` per tile), GEMM column `(kh·KW + kw)·Cg
+/// + c` reading channel c at pixel `p + kh·Wp + kw − (pad·Wp + pad)`: the
+/// tap's input pixel, or a zero of the padding (or past either end, which
+/// the copy engine fills with zeros). Columns past the group's `KH·KW·Cg`
+/// load tap 0 again and are not stored. K tiles `k_begin..k_end` of 32
+/// pixels (this split slice's).
+#[cfg(feature = "wgmma")]
+struct ConvTmaGrid {
+    maps: *const u8,
+    s: ConvShape,
+    row: u32,
+    col: u32,
+    chan: u32,
+    wp: u32,
+    bx: u32,
+    k_begin: u32,
+    k_end: u32,
+}
+
+#[cfg(feature = "wgmma")]
+impl crate::gemm::TmaTiles for ConvTmaGrid {
+    /// The next K tile's first pixel.
+    type Cursor = u32;
+    #[inline(always)]
+    unsafe fn acquire(&self) {
+        unsafe { acquire_maps(self.maps) }
+    }
+    #[inline(always)]
+    fn start(&self) -> u32 {
+        self.k_begin * 32
+    }
+    #[inline(always)]
+    fn tiles(&self) -> u32 {
+        self.k_end - self.k_begin
+    }
+    #[inline(always)]
+    unsafe fn load(&self, p: &mut u32, a: u32, b: u32, bar: u32) {
+        use crate::device::tma_tile_2d;
+        let s = &self.s;
+        let cols = s.kk() * s.cg();
+        let origin = (s.pad * self.wp + s.pad) as i32;
+        unsafe {
+            tma_tile_2d(a, self.maps, *p as i32, self.row as i32, bar);
+            let x = self.maps.add(128);
+            for j in 0..128 / self.bx {
+                let col = (self.col + self.bx * j) % cols;
+                let (tap, c) = (col / s.cg(), col % s.cg());
+                let shift = ((tap / s.kw) * self.wp + tap % s.kw) as i32 - origin;
+                tma_tile_2d(b + 128 * self.bx * j, x, *p as i32 + shift, (self.chan + c) as i32, bar);
+            }
+        }
+        *p += 32;
+    }
+}
+
+/// Convolution weight gradient in TF32 (stride 1) on the warpgroup engine
+/// over the padded pixel grid ([`ConvTmaGrid`]; `maps`: dy's and x's grid
+/// maps, `wp` the grid's row length, `len` its pixels per channel, `bx`
+/// channels per B box, dividing Cg and 128): tiles of 128 filters × 128
+/// columns `(kh·KW + kw)·Cg + c` per group and split slice, as
+/// [`conv_backward_filter_nhwc16_bf16_wg_tma_big`]'s, each summing its
+/// slice of the ⌈len/32⌉ K tiles; the same partials and launch.
+#[cfg(feature = "wgmma")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_backward_filter_grid_tf32_wg_tma_big(
+    s: ConvShape,
+    maps: *const u8,
+    ring: u32,
+    ws: *mut f32,
+    splits: u32,
+    wp: u32,
+    len: u32,
+    bx: u32,
+) {
+    let n_len = s.cg() * s.kk();
+    let dw_len = s.c_out as usize * n_len as usize;
+    let k_tiles = len.div_ceil(32);
+    let tile = |[x, y, p]: [u32; 3]| {
+        let (g, slice) = (p / splits, p % splits);
+        let chunk = k_tiles.div_ceil(splits);
+        let k_begin = (slice * chunk).min(k_tiles);
+        let l = ConvTmaGrid {
+            maps,
+            s,
+            row: g * s.fg() + y * 128,
+            col: x * 128,
+            chan: g * s.cg(),
+            wp,
+            bx,
+            k_begin,
+            k_end: (k_begin + chunk).min(k_tiles),
+        };
+        let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
+        (l, StoreFilterGradNhwc { ws, offset, s })
+    };
+    let dims = [n_len, s.fg(), s.groups * splits];
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, false, false>(tile, dims, ring) };
+}
+
 /// Convolution forward as [`conv_forward_nhwc_any`]'s 128×128 warpgroup
 /// kernels (not transposed), with both operands fetched by the tensor
 /// memory accelerator ([`ConvTma`]; `maps`: its two 128-byte tensor maps,

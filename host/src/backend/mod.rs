@@ -81,6 +81,68 @@ impl ConvGeom {
     }
 }
 
+/// Shape of a `pixel_grid_tf32` layout change: `batches` NCHW images of
+/// `c × h × w` copied channel-major onto a grid of `hp × wp` pixels per
+/// image, `dst[ch][(b·hp + y)·wp + x] = src[b][ch][y][x]`, zero elsewhere,
+/// each channel's row `len` elements long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GridGeom {
+    pub batches: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub hp: usize,
+    pub wp: usize,
+    pub len: usize,
+}
+
+impl GridGeom {
+    /// The grid of a stride-1 convolution's TF32 weight gradient, the same
+    /// for x and dy: wide enough that every tap's input pixel of every
+    /// output pixel p is `p + kh·wp + kw − (pad·wp + pad)` on x's grid or a
+    /// zero there (the padding each side of a row or image is shared with
+    /// the next), and dy fits; `len` rounded up to whole K tiles of 32.
+    /// `None` for a stride above 1.
+    pub fn conv(g: &ConvGeom) -> Option<(usize, usize, usize)> {
+        if g.stride != 1 {
+            return None;
+        }
+        // Input rows −pad..H + pad − 1 are read: the pad rows after an
+        // image are the next one's before it.
+        let (hp, wp) = ((g.h + g.pad).max(g.out_h()), (g.w + g.pad).max(g.out_w()));
+        Some((hp, wp, (g.n * hp * wp).next_multiple_of(32)))
+    }
+
+    /// `g`'s x (`dy` false) or dy on its grid ([`GridGeom::conv`]).
+    pub fn of(g: &ConvGeom, dy: bool) -> Option<Self> {
+        let (hp, wp, len) = Self::conv(g)?;
+        let (c, h, w) = if dy {
+            (g.c_out, g.out_h(), g.out_w())
+        } else {
+            (g.c_in, g.h, g.w)
+        };
+        Some(GridGeom {
+            batches: g.n,
+            c,
+            h,
+            w,
+            hp,
+            wp,
+            len,
+        })
+    }
+
+    /// Floats of the source.
+    pub fn src_len(&self) -> usize {
+        self.batches * self.c * self.h * self.w
+    }
+
+    /// Floats of the grid.
+    pub fn grid_len(&self) -> usize {
+        self.c * self.len
+    }
+}
+
 /// Shape of a `row_patches` layout change: `batches` NCHW images of
 /// `c × h × w` cut into `rows` rows of `ow` windows of `kw` taps (stride
 /// `stride`, padding `pad`), each window row stored as `rw ≥ kw·c` elements:

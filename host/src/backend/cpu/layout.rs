@@ -1,6 +1,6 @@
 //! CPU twin of `gpu-kernels/src/layout.rs`.
 
-use crate::backend::RowGeom;
+use crate::backend::{GridGeom, RowGeom};
 
 /// `dst[b][j][i] = src[b][i][j]` for `batches` row-major `rows × cols`
 /// matrices; `src` holds exactly `batches·rows·cols` floats.
@@ -98,6 +98,28 @@ pub fn row_patches_tf32(src: &[f32], g: &RowGeom) -> Vec<f32> {
     row_patches(src, g).into_iter().map(to_tf32).collect()
 }
 
+/// The CPU twin of `pixel_grid_tf32`: `src` (NCHW, `g.src_len()` floats)
+/// rounded to TF32 on the padded pixel grid [`GridGeom`] describes.
+pub fn pixel_grid_tf32(src: &[f32], g: &GridGeom) -> Vec<f32> {
+    assert_eq!(src.len(), g.src_len(), "pixel_grid_tf32: src length");
+    assert!(
+        g.hp >= g.h && g.wp >= g.w && g.len >= g.batches * g.hp * g.wp,
+        "pixel_grid_tf32: {g:?} does not hold the images"
+    );
+    let mut dst = vec![0.0; g.grid_len()];
+    for b in 0..g.batches {
+        for c in 0..g.c {
+            for y in 0..g.h {
+                for x in 0..g.w {
+                    let v = src[((b * g.c + c) * g.h + y) * g.w + x];
+                    dst[c * g.len + (b * g.hp + y) * g.wp + x] = to_tf32(v);
+                }
+            }
+        }
+    }
+    dst
+}
+
 /// Every value rounded to bf16, the CPU twin of `convert_bf16`.
 pub fn convert_bf16(src: &[f32]) -> Vec<u16> {
     src.iter().copied().map(to_bf16).collect()
@@ -126,8 +148,76 @@ pub fn to_tf32(v: f32) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{row_patches, to_bf16, to_tf32, transpose, transpose_sums};
-    use crate::backend::{ConvGeom, RowGeom, cpu::conv::conv_forward};
+    use super::{pixel_grid_tf32, row_patches, to_bf16, to_tf32, transpose, transpose_sums};
+    use crate::backend::{
+        ConvGeom, GridGeom, RowGeom,
+        cpu::conv::{conv_backward_filter, conv_forward},
+    };
+
+    /// The TF32 weight gradient's arithmetic over the padded pixel grid
+    /// (what `conv_backward_filter_grid_tf32_wg_tma_big` computes, written
+    /// out here): dw[f][c][kh][kw] = Σ_p dyg[f][p] · xg[c][p + kh·wp + kw −
+    /// (pad·wp + pad)], zero past either end of the row, equals the direct
+    /// weight gradient, for odd sizes, rectangular filters, pads from 0 to
+    /// above the filter's, and groups. Values are small integers (exact in
+    /// TF32 and in the sums).
+    #[test]
+    fn pixel_grid_taps_are_shifts_of_the_pixel_index() {
+        let g = |n, c_in, h, w, c_out, (k_h, k_w), pad, groups| ConvGeom {
+            n,
+            c_in,
+            h,
+            w,
+            c_out,
+            k_h,
+            k_w,
+            stride: 1,
+            pad,
+            groups,
+        };
+        for geom in [
+            g(2, 4, 13, 13, 6, (3, 3), 1, 1),
+            g(3, 4, 7, 9, 4, (5, 5), 2, 2),
+            g(1, 2, 6, 5, 2, (3, 5), 2, 1),
+            g(2, 2, 5, 7, 2, (3, 3), 0, 1),
+            g(2, 2, 4, 4, 2, (2, 3), 3, 2),
+        ] {
+            let x: Vec<f32> = (0..geom.x_len()).map(|i| (i * 7 % 11) as f32 - 5.0).collect();
+            let dy: Vec<f32> = (0..geom.y_len()).map(|i| (i * 5 % 9) as f32 - 4.0).collect();
+            let mut want = vec![f32::NAN; geom.w_len()];
+            conv_backward_filter(&geom, &x, &dy, &mut want);
+            let (gx, gdy) = (GridGeom::of(&geom, false).unwrap(), GridGeom::of(&geom, true).unwrap());
+            assert_eq!((gx.hp, gx.wp, gx.len), (gdy.hp, gdy.wp, gdy.len), "{geom:?}");
+            assert!(gx.len.is_multiple_of(32));
+            let (xg, dg) = (pixel_grid_tf32(&x, &gx), pixel_grid_tf32(&dy, &gdy));
+            let (cg, fg) = (geom.c_in / geom.groups, geom.c_out / geom.groups);
+            let origin = (geom.pad * gx.wp + geom.pad) as isize;
+            for f in 0..geom.c_out {
+                let grp = f / fg;
+                for c in 0..cg {
+                    for kh in 0..geom.k_h {
+                        for kw in 0..geom.k_w {
+                            let shift = (kh * gx.wp + kw) as isize - origin;
+                            let chan = grp * cg + c;
+                            let got: f32 = (0..gx.len)
+                                .map(|p| {
+                                    let q = p as isize + shift;
+                                    let xv = if (0..gx.len as isize).contains(&q) {
+                                        xg[chan * gx.len + q as usize]
+                                    } else {
+                                        0.0
+                                    };
+                                    dg[f * gx.len + p] * xv
+                                })
+                                .sum();
+                            let at = ((f * cg + c) * geom.k_h + kh) * geom.k_w + kw;
+                            assert_eq!(got, want[at], "{geom:?} f{f} c{c} tap ({kh}, {kw})");
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// The tile sums add up to each row's sum (what the bias gradient
     /// needs), and split at the tile boundaries: 2 matrices of 3 rows × 5

@@ -32,9 +32,9 @@
 
 use super::gemm::{VecTile, grid, tiles, vec_cfg};
 use super::layout::{Elem, TRANSPOSE_COLS, row_patches, transpose};
-use super::tma::TmaProduct;
+use super::tma::{TmaProduct, grid_box};
 use super::{CudaBackend, DevBuf, Scratch, check_len, gemm_names, grid_1d, launch};
-use crate::backend::{ConvGeom, RowGeom, TunedKernel};
+use crate::backend::{ConvGeom, GridGeom, RowGeom, TunedKernel};
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
@@ -938,13 +938,19 @@ pub(super) fn conv_backward_filter(
         FilterPlan::Vec(f) => dy_nhwc(be, g, dy, f.plan.half, db, |dyt| {
             filter_from_nhwc(be, g, &s, &f, x, kept, dyt, dw)
         }),
+        FilterPlan::Grid(f) => {
+            filter_grid(be, g, &s, &f, x, dy, dw)?;
+            db.map_or(Ok(()), |db| conv_backward_bias(be, g, dy, db))
+        }
     }
 }
 
 /// The weight gradient's kernel for a shape: on the vector engine (dy in
-/// NHWC) or the NCHW GEMM engine; `splits` K slices.
+/// NHWC), the TF32 TMA kernel over the padded pixel grid, or the NCHW GEMM
+/// engine; `splits` K slices.
 enum FilterPlan {
     Vec(VecFilter),
+    Grid(VecFilter),
     Gemm {
         name: &'static str,
         cfg: LaunchConfig,
@@ -994,7 +1000,12 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
     }
     if let Some(name) = be.tma_filter_kernel(g) {
         // 128×128 tiles per group; split slices for about two waves of
-        // one block per SM.
+        // one block per SM. The TF32 kernel sums over the whole grid.
+        let half = !name.contains("_grid_");
+        let k = match GridGeom::conv(g) {
+            Some((_, _, len)) if !half => len,
+            _ => k,
+        };
         let tiles = n_len.div_ceil(128) * m.div_ceil(128) * g.groups;
         let splits = (2 * be.sm_count() as usize)
             .div_ceil(tiles)
@@ -1008,16 +1019,17 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
             block_dim: (super::gemm::WG_TMA_THREADS, 1, 1),
             shared_mem_bytes: super::gemm::tma_shared(super::gemm::TMA_STAGES),
         };
-        let plan = VecPlan {
-            name,
-            half: true,
-            cfg,
-        };
-        return FilterPlan::Vec(VecFilter {
+        let plan = VecPlan { name, half, cfg };
+        let f = VecFilter {
             plan,
             rows: None,
             splits,
-        });
+        };
+        return if half {
+            FilterPlan::Vec(f)
+        } else {
+            FilterPlan::Grid(f)
+        };
     }
     let fits = [
         cg.is_multiple_of(4) && m.is_multiple_of(4),
@@ -1076,6 +1088,38 @@ fn filter_from_nhwc(
     }
 }
 
+/// The TF32 weight gradient over the padded pixel grid: x and dy copied
+/// onto it (`pixel_grid_tf32`, scratch `GridX` and `GridDy`), their maps,
+/// then the kernel and the split-K reduction.
+fn filter_grid(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    s: &ConvShape,
+    f: &VecFilter,
+    x: &CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    dw: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let no_grid = || anyhow::anyhow!("{g:?} has no pixel grid for its TF32 weight gradient");
+    let gx = GridGeom::of(g, false).ok_or_else(no_grid)?;
+    let gdy = GridGeom::of(g, true).ok_or_else(no_grid)?;
+    let bx = grid_box(g).ok_or_else(no_grid)? as u32;
+    let (name, splits) = (f.plan.name, f.splits);
+    let what = || format!("{g:?} splits={splits} on a {}×{} grid", gx.hp, gx.wp);
+    be.with_scratch(Scratch::GridX, gx.grid_len(), |xg| {
+        be.pixel_grid_tf32(x, xg, &gx)?;
+        be.with_scratch(Scratch::GridDy, gdy.grid_len(), |dg| {
+            be.pixel_grid_tf32(dy, dg, &gdy)?;
+            let maps = be.conv_tma_maps(g, TmaProduct::Grid, xg, dg, false)?;
+            let (cfg, ring) = be.tma_cfg(name, f.plan.cfg)?;
+            let (wp, len) = (gx.wp as u32, gx.len as u32);
+            split_into(be, dw, splits, &what, |out| {
+                launch!(be, name, cfg, what; s, &maps, &ring, out, &splits, &wp, &len, &bx)
+            })
+        })
+    })
+}
+
 /// The whole backward of a convolution: `dw`, `db` and, when given, `dx`
 /// (with `relu`, through the backward of the ReLU whose output x is);
 /// `kept` as `conv_backward_filter` takes it.
@@ -1096,11 +1140,12 @@ pub(super) fn conv_backward(
 ) -> Result<()> {
     let relu_of = relu.then_some(x);
     let fplan = match filter_plan(be, g) {
-        FilterPlan::Vec(f) => Some(f),
+        FilterPlan::Vec(f) => Some((f, false)),
+        FilterPlan::Grid(f) => Some((f, true)),
         FilterPlan::Gemm { .. } => None,
     };
     let dplan = match (&dx, &fplan) {
-        (Some(_), Some(f)) => data_channels_last(be, g).filter(|d| d.half == f.plan.half),
+        (Some(_), Some((f, _))) => data_channels_last(be, g).filter(|d| d.half == f.plan.half),
         _ => None,
     };
     match (dx, dplan, fplan) {
@@ -1113,7 +1158,10 @@ pub(super) fn conv_backward(
             check_len("conv_backward dx", dx, g.x_len())?;
             dy_nhwc(be, g, dy, dplan.half, Some(db), |dyt| {
                 data_from_nhwc(be, g, &s, &dplan, dyt, w, dx, x)?;
-                filter_from_nhwc(be, g, &shape(g)?, &fplan, x, kept, dyt, dw)
+                match fplan {
+                    (f, false) => filter_from_nhwc(be, g, &shape(g)?, &f, x, kept, dyt, dw),
+                    (f, true) => filter_grid(be, g, &shape(g)?, &f, x, dy, dw),
+                }
             })
         }
         (dx, _, _) => {

@@ -1,12 +1,13 @@
 //! Launchers for `transpose` / `transpose_tf32` / `transpose_bf16` (32×32
 //! tiles through shared memory, one 32×8 block per tile, grid z over the
 //! batch of matrices), `row_patches` / `row_patches_tf32` /
-//! `row_patches_bf16` (a thread per 16 bytes of output, 1-D grid-stride)
-//! and `convert_bf16` / `convert_tf32` (a thread per 8 elements, 1-D
-//! grid-stride).
+//! `row_patches_bf16` (a thread per 16 bytes of output, 1-D grid-stride),
+//! `convert_bf16` / `convert_tf32` (a thread per 8 elements, 1-D
+//! grid-stride) and `pixel_grid_tf32` (a thread per 16 bytes of output,
+//! 1-D grid-stride).
 
 use super::{CudaBackend, Scratch, grid_1d, launch};
-use crate::backend::RowGeom;
+use crate::backend::{GridGeom, RowGeom};
 use anyhow::{Result, ensure};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
@@ -102,6 +103,60 @@ pub(super) fn row_patches(
         Elem::Bf16 => "row_patches_bf16",
     };
     launch!(be, name, cfg, || format!("{g:?}"); src, dst, &shape)
+}
+
+/// Mirror of `gpu_kernels::layout::GridGeom` (passed by value).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GridShape {
+    batches: u32,
+    c: u32,
+    h: u32,
+    w: u32,
+    hp: u32,
+    wp: u32,
+    len: u32,
+}
+
+unsafe impl DeviceRepr for GridShape {}
+
+/// `src` copied channel-major onto the padded pixel grid `g` describes,
+/// rounded to TF32 (see [`GridGeom`]); `dst` may be longer than needed.
+pub(super) fn pixel_grid_tf32(
+    be: &CudaBackend,
+    src: &CudaSlice<f32>,
+    dst: &mut CudaSlice<f32>,
+    g: &GridGeom,
+) -> Result<()> {
+    ensure!(
+        g.hp >= g.h
+            && g.wp >= g.w
+            && g.len >= g.batches * g.hp * g.wp
+            && g.len.is_multiple_of(4)
+            && src.len() >= g.src_len()
+            && dst.len() >= g.grid_len(),
+        "pixel_grid_tf32: {g:?} needs a grid holding the images in rows of whole 16-byte vectors, {} floats in and {} out, buffers hold {} and {}",
+        g.src_len(),
+        g.grid_len(),
+        src.len(),
+        dst.len()
+    );
+    let cfg = grid_1d(be, g.grid_len() / 4);
+    let step = cfg.grid_dim.0 as usize * cfg.block_dim.0 as usize;
+    ensure!(
+        g.grid_len().max(g.src_len()) + step * 4 < u32::MAX as usize,
+        "pixel_grid_tf32: {g:?} has too many elements for 32-bit indexing"
+    );
+    let shape = GridShape {
+        batches: g.batches as u32,
+        c: g.c as u32,
+        h: g.h as u32,
+        w: g.w as u32,
+        hp: g.hp as u32,
+        wp: g.wp as u32,
+        len: g.len as u32,
+    };
+    launch!(be, "pixel_grid_tf32", cfg, || format!("{g:?}"); src, dst, &shape)
 }
 
 /// Columns of a `transpose` tile: `sums` holds `⌈cols/TRANSPOSE_COLS⌉`

@@ -430,7 +430,7 @@ pub struct CudaBackend {
     tma_direct_store: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
-    scratch: [Mutex<Option<CudaSlice<f32>>>; 5],
+    scratch: [Mutex<Option<CudaSlice<f32>>>; 7],
     /// The per-step values that dropout and SGD kernels read (`graph.rs`).
     step_values: Mutex<graph::StepValues>,
     /// Set while a step graph is captured: writing the per-step values and
@@ -456,6 +456,10 @@ enum Scratch {
     Sums = 3,
     /// The data gradient's columns (`conv::by_columns`).
     Cols = 4,
+    /// x on the TF32 weight gradient's pixel grid.
+    GridX = 5,
+    /// dy on that grid.
+    GridDy = 6,
 }
 
 /// Tile height of the GEMM engine's products (conv and fc): 64 or 128 rows
@@ -995,7 +999,11 @@ impl CudaBackend {
         if !self.tma_filter || tma::conv_filter_unfit(g, half).is_some() {
             return None;
         }
-        let name = "conv_backward_filter_nhwc16_bf16_wg_tma_big";
+        let name = if half {
+            "conv_backward_filter_nhwc16_bf16_wg_tma_big"
+        } else {
+            "conv_backward_filter_grid_tf32_wg_tma_big"
+        };
         self.funcs.get_key_value(name).map(|(k, _)| *k)
     }
 
@@ -1217,6 +1225,16 @@ impl CudaBackend {
         elem: Elem,
     ) -> Result<()> {
         layout::row_patches(self, src, dst, g, elem)
+    }
+
+    /// `pixel_grid_tf32` of `src` into `dst` (see [`GridGeom`]).
+    pub fn pixel_grid_tf32(
+        &self,
+        src: &CudaSlice<f32>,
+        dst: &mut CudaSlice<f32>,
+        g: &crate::backend::GridGeom,
+    ) -> Result<()> {
+        layout::pixel_grid_tf32(self, src, dst, g)
     }
 
     /// `src` rounded to bf16 into `dst` (raw storage, two values per float).

@@ -1,8 +1,9 @@
 //! Tensor maps for the kernels whose operands the tensor memory accelerator
 //! (TMA, Hopper) fetches: the channels-last conv forwards, data gradients
-//! and bf16 weight gradients `*_wg_tma_big` (`gpu_kernels::conv::
+//! and weight gradients `*_wg_tma_big` (`gpu_kernels::conv::
 //! conv_forward_tma`, `conv_backward_data_tma`,
-//! `conv_backward_filter_nhwc16_bf16_wg_tma_big`).
+//! `conv_backward_filter_nhwc16_bf16_wg_tma_big` and, in TF32 over the
+//! padded pixel grid, `conv_backward_filter_grid_tf32_wg_tma_big`).
 //!
 //! A tensor map is a 128-byte descriptor the driver encodes on the host
 //! (`cuTensorMapEncodeTiled` / `cuTensorMapEncodeIm2col`, no GPU work). The
@@ -20,7 +21,7 @@ use anyhow::{Result, bail};
 use cudarc::driver::{CudaSlice, DevicePtr, sys};
 
 use super::CudaBackend;
-use crate::backend::ConvGeom;
+use crate::backend::{ConvGeom, GridGeom};
 
 /// Buffers of maps kept at most (a model's conv layers need one each; tests
 /// and the autotune make more).
@@ -32,8 +33,11 @@ pub(super) enum TmaProduct {
     Forward,
     /// The data gradient (stride 1 only).
     Data,
-    /// The weight gradient (bf16 only): dy's map in place of the weights'.
+    /// The weight gradient in bf16: dy's map in place of the weights'.
     Filter,
+    /// The weight gradient in TF32 over the padded pixel grid: dy's and
+    /// x's grids ([`GridGeom`]) as 2-D tiled maps.
+    Grid,
 }
 
 /// What a conv product's maps depend on.
@@ -75,18 +79,34 @@ pub(super) fn conv_data_unfit(g: &ConvGeom, half: bool) -> Option<&'static str> 
     }
 }
 
-/// Why `g`'s weight gradient cannot run on the TMA kernel (`None`: it
-/// can): bf16 only (its products read MN-major tiles, which TF32 `wgmma`
-/// cannot), a group's channels and filters in whole 64-element boxes, and
-/// the forward's im2col limits.
+/// Why `g`'s weight gradient cannot run on the TMA kernels (`None`: it
+/// can). bf16 (MN-major tiles straight from the NHWC copies): a group's
+/// channels and filters in whole 64-element boxes, and the forward's
+/// im2col limits. TF32 (whose `wgmma` reads K-major tiles only, so both
+/// operands are copied onto the padded pixel grid): stride 1, a group's
+/// channels in boxes of 8 to 128 ([`grid_box`]), and a grid whose pixel
+/// indices fit the copy engine's 32-bit coordinates.
 pub(super) fn conv_filter_unfit(g: &ConvGeom, half: bool) -> Option<&'static str> {
     if !half {
-        Some("TF32 (its wgmma reads K-major tiles only)")
+        match GridGeom::conv(g) {
+            None => Some("stride above 1 (TF32 runs over the padded pixel grid)"),
+            Some(_) if grid_box(g).is_none() => Some("a group's channels are not a multiple of 8"),
+            Some((_, _, len)) if len >= 1 << 31 => Some("a pixel grid past 2^31 pixels"),
+            Some(_) => None,
+        }
     } else if !(g.c_in / g.groups).is_multiple_of(64) || !(g.c_out / g.groups).is_multiple_of(64) {
         Some("a group's channels or filters are not a multiple of 64")
     } else {
         unfit(g, g.c_in / g.groups, half)
     }
+}
+
+/// Channels per B box of the TF32 grid weight gradient: the largest power
+/// of two up to 128 that divides a group's channels, at least 8 (a box
+/// fills whole 1024-byte swizzle atoms of 8 rows); `None` below that.
+pub(super) fn grid_box(g: &ConvGeom) -> Option<usize> {
+    let cg = g.c_in / g.groups;
+    [128, 64, 32, 16, 8].into_iter().find(|&b| cg.is_multiple_of(b))
 }
 
 fn unfit(g: &ConvGeom, chans: usize, half: bool) -> Option<&'static str> {
@@ -114,15 +134,41 @@ fn encode_err(what: &str, g: &ConvGeom, r: sys::CUresult) -> anyhow::Error {
 /// gradient, dy (NHWC) as `[N·OH·OW][F]` with boxes of 64 pixels × 128
 /// bytes (64 filters).
 fn weights_map(g: &ConvGeom, p: TmaProduct, wt: u64, half: bool) -> Result<sys::CUtensorMap> {
-    let e = elem(half);
     let (rows, row_len, box_rows) = match p {
         TmaProduct::Forward => (g.c_out, g.k_h * g.k_w * (g.c_in / g.groups), 128),
         TmaProduct::Data => (g.c_in, g.k_h * g.k_w * (g.c_out / g.groups), 128),
         TmaProduct::Filter => (g.n * g.out_h() * g.out_w(), g.c_out, 64),
+        TmaProduct::Grid => (g.c_out, grid_len(g)?, 128),
     };
+    tiled_map(g, "weights", wt, [rows, row_len, box_rows], half)
+}
+
+/// The TF32 grid weight gradient's x: its grid `[C][len]` as a 2-D map
+/// with boxes of 32 pixels × [`grid_box`] channels.
+fn grid_x_map(g: &ConvGeom, x: u64) -> Result<sys::CUtensorMap> {
+    let bx = grid_box(g).ok_or_else(|| anyhow::anyhow!("{g:?} has no TMA grid box"))?;
+    tiled_map(g, "x grid", x, [g.c_in, grid_len(g)?, bx], false)
+}
+
+fn grid_len(g: &ConvGeom) -> Result<usize> {
+    GridGeom::conv(g)
+        .map(|(_, _, len)| len)
+        .ok_or_else(|| anyhow::anyhow!("{g:?} has no pixel grid (stride above 1)"))
+}
+
+/// A row-major `rows × row_len` tensor at `at` as a 2-D map with boxes of
+/// 128 bytes of a row × `box_rows` rows, 128-byte swizzled.
+fn tiled_map(
+    g: &ConvGeom,
+    what: &str,
+    at: u64,
+    [rows, row_len, box_rows]: [usize; 3],
+    half: bool,
+) -> Result<sys::CUtensorMap> {
+    let e = elem(half);
     let dims = [row_len as u64, rows as u64];
     let strides = [(row_len * e) as u64];
-    let boxes = [(128 / e) as u32, box_rows];
+    let boxes = [(128 / e) as u32, box_rows as u32];
     let ones = [1u32, 1];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     // SAFETY: every array has the rank's length (strides one less); the
@@ -132,7 +178,7 @@ fn weights_map(g: &ConvGeom, p: TmaProduct, wt: u64, half: bool) -> Result<sys::
             map.as_mut_ptr(),
             data_type(half),
             2,
-            wt as *mut std::ffi::c_void,
+            at as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),
             boxes.as_ptr(),
@@ -144,7 +190,7 @@ fn weights_map(g: &ConvGeom, p: TmaProduct, wt: u64, half: bool) -> Result<sys::
         )
     };
     if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(encode_err("weights", g, r));
+        return Err(encode_err(what, g, r));
     }
     // SAFETY: encoded above.
     Ok(unsafe { map.assume_init() })
@@ -169,7 +215,7 @@ struct Im2col {
 fn im2col(g: &ConvGeom, p: TmaProduct) -> Im2col {
     let (pad, kw, kh) = (g.pad as i32, g.k_w as i32, g.k_h as i32);
     match p {
-        TmaProduct::Forward | TmaProduct::Filter => Im2col {
+        TmaProduct::Forward | TmaProduct::Filter | TmaProduct::Grid => Im2col {
             dims: [g.w, g.h],
             chans: g.c_in,
             lower: [-pad, -pad],
@@ -245,7 +291,7 @@ impl CudaBackend {
     /// then the gathered operand), made on first use: forward, NHWC `x`
     /// and `[F][KH][KW][Cg]` `wt`; data gradient, NHWC dy and
     /// `[G][Cg][KH][KW][Fg]` `wt`; weight gradient, NHWC x and NHWC dy as
-    /// `wt`.
+    /// `wt` (bf16), or x's and dy's pixel grids (TF32, [`TmaProduct::Grid`]).
     pub(super) fn conv_tma_maps(
         &self,
         g: &ConvGeom,
@@ -279,10 +325,11 @@ impl CudaBackend {
                 "a TMA tensor map for {g:?} would be made while capturing a CUDA graph; run the same step once eagerly first"
             );
         }
-        let both = [
-            weights_map(g, product, wa, half)?,
-            patches_map(g, product, xa, half)?,
-        ];
+        let gathered = match product {
+            TmaProduct::Grid => grid_x_map(g, xa)?,
+            _ => patches_map(g, product, xa, half)?,
+        };
+        let both = [weights_map(g, product, wa, half)?, gathered];
         // SAFETY: two `repr(C)` arrays of 16 u64, 256 bytes without padding.
         let bytes: &[u8] = unsafe { std::slice::from_raw_parts(both.as_ptr().cast::<u8>(), 256) };
         let buf = self.stream.clone_htod(bytes).map_err(super::gpu_err)?;
@@ -325,7 +372,7 @@ mod tests {
                     |a: usize| (m.dims[a] as i32 - 1 + m.upper[a] - m.lower[a]) / m.step as i32 + 1;
                 // The pixels the kernel walks: output (forward), input (data).
                 let (pw, ph) = match p {
-                    TmaProduct::Forward | TmaProduct::Filter => (c.out_w(), c.out_h()),
+                    TmaProduct::Forward | TmaProduct::Filter | TmaProduct::Grid => (c.out_w(), c.out_h()),
                     TmaProduct::Data => (c.w, c.h),
                 };
                 assert_eq!((count(0), count(1)), (pw as i32, ph as i32), "{c:?} {p:?}");
@@ -338,7 +385,7 @@ mod tests {
                     let (s, pad) = (c.stride as i32, c.pad as i32);
                     let (kh, kw) = (c.k_h as i32, c.k_w as i32);
                     let kernel = match p {
-                        TmaProduct::Forward | TmaProduct::Filter => (y * s - pad, x * s - pad),
+                        TmaProduct::Forward | TmaProduct::Filter | TmaProduct::Grid => (y * s - pad, x * s - pad),
                         TmaProduct::Data => (y - (kh - 1 - pad), x - (kw - 1 - pad)),
                     };
                     assert_eq!(model, kernel, "{c:?} {p:?} pixel {q}");
@@ -415,7 +462,7 @@ mod tests {
             assert!(conv_data_unfit(&alexnet(3, 96, 11, 4, 2, 1), half).is_some());
             assert!(conv_data_unfit(&alexnet(256, 384, 3, 1, 3, 1), half).is_some());
         }
-        // Weight gradients: bf16 only, channels and filters in 64s (conv3–5).
+        // Weight gradients in bf16: channels and filters in 64s (conv3–5).
         assert_eq!(
             conv_filter_unfit(&alexnet(256, 384, 3, 1, 1, 1), true),
             None
@@ -428,8 +475,15 @@ mod tests {
             conv_filter_unfit(&alexnet(384, 256, 3, 1, 1, 2), true),
             None
         );
-        assert!(conv_filter_unfit(&alexnet(256, 384, 3, 1, 1, 1), false).is_some());
         assert!(conv_filter_unfit(&alexnet(96, 256, 5, 1, 2, 2), true).is_some());
+        // TF32, over the padded pixel grid: stride 1 and channels in eights
+        // (conv2–5), not conv1.
+        for conv in [(96, 256, 5, 1, 2, 2), (256, 384, 3, 1, 1, 1), (384, 256, 3, 1, 1, 2)] {
+            let (c_in, c_out, k, stride, pad, groups) = conv;
+            assert_eq!(conv_filter_unfit(&alexnet(c_in, c_out, k, stride, pad, groups), false), None);
+        }
+        assert!(conv_filter_unfit(&alexnet(3, 96, 11, 4, 2, 1), false).is_some());
+        assert!(conv_filter_unfit(&alexnet(12, 96, 3, 1, 1, 1), false).is_some());
         assert!(conv_filter_unfit(&alexnet(128, 96, 3, 1, 1, 1), true).is_some());
         // 32 channels a group: one TF32 K tile, half a bf16 one.
         assert_eq!(
