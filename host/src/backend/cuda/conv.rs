@@ -907,6 +907,21 @@ fn filter_splits(blocks: usize, k: usize, wave: usize) -> u32 {
     (wave / blocks).clamp(1, (k / 1024).clamp(1, 64)) as u32
 }
 
+/// K slices of the TMA weight gradients, given `tiles` per slice, a
+/// reduction `k` deep and `wave` blocks at once (one per SM: their stages
+/// take most of its shared memory). Blocks run in whole waves, so the time
+/// goes as ⌈tiles·s/wave⌉/s; of the slice counts up to 16 (each at least
+/// 2048 deep) within 3% of the best, the fewest, since each slice adds a
+/// partial of dw to write and sum. conv3 at batch 128 (54 tiles on 132
+/// SMs): 7 slices, 378 blocks in 3 waves (95% busy), where "about two
+/// waves" gave 5 and 270 blocks in 3 waves (68%).
+fn tma_filter_splits(tiles: usize, k: usize, wave: usize) -> u32 {
+    let most = (k / 2048).clamp(1, 16);
+    let cost = |s: usize| (tiles * s).div_ceil(wave.max(1)) as f64 / s as f64;
+    let best = (1..=most).map(cost).fold(f64::INFINITY, f64::min);
+    (1..=most).find(|&s| cost(s) <= best * 1.03).unwrap_or(1) as u32
+}
+
 /// Blocks of a launch.
 fn blocks(cfg: &LaunchConfig) -> usize {
     let (x, y, z) = cfg.grid_dim;
@@ -999,17 +1014,15 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
         });
     }
     if let Some(name) = be.tma_filter_kernel(g) {
-        // 128×128 tiles per group; split slices for about two waves of
-        // one block per SM. The TF32 kernel sums over the whole grid.
+        // 128×128 tiles per group, split over K; the TF32 kernel sums
+        // over the whole grid.
         let half = !name.contains("_grid_");
         let k = match GridGeom::conv(g) {
             Some((_, _, len)) if !half => len,
             _ => k,
         };
         let tiles = n_len.div_ceil(128) * m.div_ceil(128) * g.groups;
-        let splits = (2 * be.sm_count() as usize)
-            .div_ceil(tiles)
-            .clamp(1, (k / 1024).clamp(1, 64)) as u32;
+        let splits = tma_filter_splits(tiles, k, be.sm_count() as usize);
         let cfg = LaunchConfig {
             grid_dim: (
                 n_len.div_ceil(128) as u32,
@@ -1330,6 +1343,17 @@ mod tests {
         assert!(broad_fills_as_well(507, big, 1014, wide));
         // conv2's forward: 1458 vs 2916 (both 0.92) → 128×128.
         assert!(broad_fills_as_well(1458, big, 2916, wide));
+    }
+
+    #[test]
+    fn tma_filter_splits_avoid_a_wave_tail() {
+        // conv3 at batch 128 (54 tiles, 784 K tiles of 32 on 132 SMs).
+        assert_eq!(super::tma_filter_splits(54, 25088, 132), 7);
+        // One tile per SM already: no split.
+        assert_eq!(super::tma_filter_splits(132, 1 << 20, 132), 1);
+        // A short reduction caps the slices.
+        assert_eq!(super::tma_filter_splits(10, 4096, 132), 2);
+        assert_eq!(super::tma_filter_splits(10, 100, 132), 1);
     }
 
     #[test]
