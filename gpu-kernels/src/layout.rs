@@ -375,16 +375,17 @@ pub unsafe extern "ptx-kernel" fn pixel_grid_tf32(src: *const f32, dst: *mut f32
     let image = g.hp * g.wp;
     while idx < g.c * per_row {
         let (c, q0) = (idx / per_row, idx % per_row * 4);
-        let mut v = [0.0f32; 8];
-        for (e, out) in v.iter_mut().take(4).enumerate() {
-            let q = q0 + e as u32;
+        let value = |q: u32| {
             let (b, r) = (q / image, q % image);
             let (y, x) = (r / g.wp, r % g.wp);
             if b < g.batches && y < g.h && x < g.w {
                 let at = ((b * g.c + c) * g.h + y) as usize * g.w as usize + x as usize;
-                *out = unsafe { *src.add(at) };
+                unsafe { *src.add(at) }
+            } else {
+                0.0
             }
-        }
+        };
+        let v = [value(q0), value(q0 + 1), value(q0 + 2), value(q0 + 3), 0.0, 0.0, 0.0, 0.0];
         unsafe { Tf32::store_vec(dst as *mut Tf32, idx as usize * 4, v) };
         idx += step;
     }

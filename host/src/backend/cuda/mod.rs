@@ -91,6 +91,7 @@ const KERNELS: &[&str] = &[
     "row_patches",
     "row_patches_tf32",
     "row_patches_bf16",
+    "pixel_grid_tf32",
     "convert_bf16",
     "convert_tf32",
     "conv_forward_rows_tf32",
@@ -221,6 +222,8 @@ const WG_KERNELS: &[&str] = &[
     "conv_forward_nhwc16_bf16_wg_tma_big",
     "conv_backward_data_nhwc_tf32_wg_tma_big",
     "conv_backward_data_nhwc16_bf16_wg_tma_big",
+    "conv_backward_filter_nhwc16_bf16_wg_tma_big",
+    "conv_backward_filter_grid_tf32_wg_tma_big",
 ];
 
 /// What `host devices` prints for one GPU.
@@ -1932,6 +1935,21 @@ mod tests {
         }
         assert!(crate::PTX_SM90A.contains(".target sm_90a"));
         assert!(!crate::PTX.contains("wgmma"));
+    }
+
+    /// The backend loads every kernel the modules hold: a kernel left out
+    /// of the lists is never resolved, and the launchers that look it up
+    /// quietly take another path (the TMA weight gradients did, once).
+    #[test]
+    fn every_kernel_in_the_modules_is_loaded() {
+        for (module, ptx) in [("portable", crate::PTX), ("sm_90a", crate::PTX_SM90A)] {
+            for k in entries(ptx) {
+                assert!(
+                    KERNELS.contains(&k) || WG_KERNELS.contains(&k),
+                    "{k} of the {module} module is in neither KERNELS nor WG_KERNELS"
+                );
+            }
+        }
     }
 
     /// Kernels of `ptx` whose bodies mention the `.local` state space.
