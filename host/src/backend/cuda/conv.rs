@@ -911,12 +911,12 @@ fn filter_splits(blocks: usize, k: usize, wave: usize) -> u32 {
 /// reduction `k` deep and `wave` blocks at once (one per SM: their stages
 /// take most of its shared memory). Blocks run in whole waves, so the time
 /// goes as ⌈tiles·s/wave⌉/s; of the slice counts up to 16 (each at least
-/// 2048 deep) within 3% of the best, the fewest, since each slice adds a
+/// 1024 deep) within 3% of the best, the fewest, since each slice adds a
 /// partial of dw to write and sum. conv3 at batch 128 (54 tiles on 132
 /// SMs): 7 slices, 378 blocks in 3 waves (95% busy), where "about two
 /// waves" gave 5 and 270 blocks in 3 waves (68%).
 fn tma_filter_splits(tiles: usize, k: usize, wave: usize) -> u32 {
-    let most = (k / 2048).clamp(1, 16);
+    let most = (k / 1024).clamp(1, 16);
     let cost = |s: usize| (tiles * s).div_ceil(wave.max(1)) as f64 / s as f64;
     let best = (1..=most).map(cost).fold(f64::INFINITY, f64::min);
     (1..=most).find(|&s| cost(s) <= best * 1.03).unwrap_or(1) as u32
@@ -1352,7 +1352,7 @@ mod tests {
         // One tile per SM already: no split.
         assert_eq!(super::tma_filter_splits(132, 1 << 20, 132), 1);
         // A short reduction caps the slices.
-        assert_eq!(super::tma_filter_splits(10, 4096, 132), 2);
+        assert_eq!(super::tma_filter_splits(10, 2048, 132), 2);
         assert_eq!(super::tma_filter_splits(10, 100, 132), 1);
     }
 
