@@ -100,10 +100,30 @@ fn main() {
 /// `benches/results/2026-12-04-h200-v20/`); at 64, 4 blocks fit.
 const REGISTER_CAPS: &[(&str, u32)] = &[("lrn_pool_forward", 64)];
 
+/// Threads per block of the TMA-fed kernels (`*_wg_tma_big`, launched with
+/// `gpu_kernels::gemm::TMA_THREADS`: two consumer warpgroups and a producer
+/// warp), declared to ptxas as `.maxntid` so that it keeps them within the
+/// 65,536 registers of an SM (224 a thread) rather than the launch failing
+/// with too many resources requested, as an epilogue holding 64 more
+/// values once did.
+const TMA_THREADS: u32 = 288;
+
 /// `ptx` with a `.maxnreg` directive after the parameter list of each kernel
-/// in [`REGISTER_CAPS`].
+/// in [`REGISTER_CAPS`] and a `.maxntid` after that of each TMA-fed kernel.
 fn cap_registers(ptx: &str) -> String {
-    let mut out = ptx.to_string();
+    let mut out = String::with_capacity(ptx.len() + 4096);
+    let mut tma = false;
+    for line in ptx.lines() {
+        if let Some(rest) = line.strip_prefix(".visible .entry ") {
+            tma = rest.split('(').next().is_some_and(|n| n.ends_with("_wg_tma_big"));
+        }
+        out.push_str(line);
+        out.push('\n');
+        if tma && line == ")" {
+            out.push_str(&format!(".maxntid {TMA_THREADS}, 1, 1\n"));
+            tma = false;
+        }
+    }
     for (name, regs) in REGISTER_CAPS {
         let head = format!(".entry {name}(");
         let at = out

@@ -1937,6 +1937,22 @@ mod tests {
         assert!(!crate::PTX.contains("wgmma"));
     }
 
+    /// Every TMA-fed kernel tells ptxas its block size (`.maxntid`, added by
+    /// `build.rs`), the one the launchers use, so that it never takes more
+    /// registers than a block of that size can have.
+    #[test]
+    fn tma_kernels_declare_their_block_size() {
+        let want = format!(")\n.maxntid {}, 1, 1\n{{", super::gemm::WG_TMA_THREADS);
+        let ptx = crate::PTX_SM90A;
+        let tma: Vec<_> = entries(ptx).into_iter().filter(|k| k.ends_with("_wg_tma_big")).collect();
+        assert!(tma.len() >= 6, "{tma:?}");
+        for k in tma {
+            let at = ptx.find(&format!(".entry {k}(")).unwrap();
+            let body = at + ptx[at..].find('{').unwrap();
+            assert!(ptx[..body + 1].ends_with(&want), "{k} has no .maxntid of its block");
+        }
+    }
+
     /// The backend loads every kernel the modules hold: a kernel left out
     /// of the lists is never resolved, and the launchers that look it up
     /// quietly take another path (the TMA weight gradients did, once).
