@@ -1953,6 +1953,16 @@ mod tests {
         }
     }
 
+    /// Every TMA-fed kernel is allowed its shared memory at load time (the
+    /// TF32 grid weight gradient, whose name has no `_nhwc`, once was not:
+    /// its launch failed with an invalid argument).
+    #[test]
+    fn tma_kernels_get_their_shared_memory() {
+        for k in WG_KERNELS.iter().filter(|k| k.contains("_tma")) {
+            assert!(super::gemm::is_vec_kernel(k), "{k}");
+        }
+    }
+
     /// The backend loads every kernel the modules hold: a kernel left out
     /// of the lists is never resolved, and the launchers that look it up
     /// quietly take another path (the TMA weight gradients did, once).
