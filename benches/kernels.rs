@@ -322,14 +322,18 @@ fn main() -> Result<()> {
 
     // x and dy on the TF32 weight gradient's padded pixel grid (conv2, conv3).
     for (layer, g) in [&convs[1], &convs[2]] {
-        for (what, dy) in [("x", false), ("dy", true)] {
-            let gg = GridGeom::of(g, dy).expect("stride 1");
+        for (what, gg) in [("x", GridGeom::x(g)), ("dy", GridGeom::dy(g))] {
+            let gg = gg.expect("stride 1");
             let src = b.be.random(gg.src_len(), 265)?;
             let mut dst = b.be.zeros(gg.grid_len())?;
             let bytes = 4.0 * (gg.src_len() + gg.grid_len()) as f64;
-            b.run("pixel_grid_tf32", &format!("{layer} {what} {}x{}", gg.hp, gg.wp), 0.0, bytes, |be| {
-                be.pixel_grid_tf32(&src, &mut dst, &gg)
-            })?;
+            b.run(
+                "pixel_grid_tf32",
+                &format!("{layer} {what} {}x{}x{}", gg.copies, gg.hp, gg.wp),
+                0.0,
+                bytes,
+                |be| be.pixel_grid_tf32(&src, &mut dst, &gg),
+            )?;
         }
     }
 

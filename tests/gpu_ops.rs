@@ -973,15 +973,26 @@ fn conv_tma_filter(c: &mut Ctx) -> Result<()> {
     // TF32 runs over the padded pixel grid, stride 1 only; any group's
     // channels in eights.
     let tf32_only = keep(vec![
-        ("rect 3x5 s1 pad 2 g2 b3", rect_3x5(g(3, 128, 11, 9, 256, 3, 1, 2, 2))),
-        ("conv2 b2 (48 channels a group)", g(2, 96, 27, 27, 256, 5, 1, 2, 2)),
+        (
+            "rect 3x5 s1 pad 2 g2 b3",
+            rect_3x5(g(3, 128, 11, 9, 256, 3, 1, 2, 2)),
+        ),
+        (
+            "conv2 b2 (48 channels a group)",
+            g(2, 96, 27, 27, 256, 5, 1, 2, 2),
+        ),
         ("odd 40ch 7x9 k3 p0 f72 b3", g(3, 40, 7, 9, 72, 3, 1, 0, 1)),
     ]);
     let on = c.gpu.tma_filter_enabled();
     c.gpu.set_tma_filter(true);
     let mut result = Ok(());
-    let runs = cases.iter().map(|&(case, geom)| (Precision::Bf16, case, geom));
-    let tf32 = cases.iter().chain(&tf32_only).filter(|(_, geom)| geom.stride == 1);
+    let runs = cases
+        .iter()
+        .map(|&(case, geom)| (Precision::Bf16, case, geom));
+    let tf32 = cases
+        .iter()
+        .chain(&tf32_only)
+        .filter(|(_, geom)| geom.stride == 1);
     let runs = runs.chain(tf32.map(|&(case, geom)| (Precision::Tf32, case, geom)));
     for (p, case, geom) in runs.collect::<Vec<_>>() {
         c.gpu.set_precision(p)?;
@@ -1000,8 +1011,15 @@ fn conv_tma_filter(c: &mut Ctx) -> Result<()> {
         };
         match run(c) {
             Ok((got, launches)) => {
-                let fed = launches.iter().any(|l| l.kernel.starts_with("conv_backward_filter") && l.kernel.ends_with("_wg_tma_big"));
-                c.check_true(test, &format!("{case}{label}: the TMA weight gradient ran"), fed);
+                let fed = launches.iter().any(|l| {
+                    l.kernel.starts_with("conv_backward_filter")
+                        && l.kernel.ends_with("_wg_tma_big")
+                });
+                c.check_true(
+                    test,
+                    &format!("{case}{label}: the TMA weight gradient ran"),
+                    fed,
+                );
                 c.check(test, &format!("{case}{label} dw vs CPU"), &got, &want, tol);
             }
             Err(e) => {
@@ -1488,8 +1506,9 @@ fn transpose(c: &mut Ctx) -> Result<()> {
 /// (bit for bit) against their CPU twins, on poisoned destinations, for a convolution's
 /// input and its filter bank.
 /// `pixel_grid_tf32` against its CPU twin bit for bit, on a destination
-/// poisoned first (the padding must be written as zeros): x and dy of odd,
-/// batch-1, two-group, zero-pad and AlexNet shapes on their grids.
+/// poisoned first (the padding must be written as zeros): x (KW copies,
+/// shifted back past the start) and dy of odd, batch-1, two-group,
+/// zero-pad and AlexNet shapes on their grids.
 fn pixel_grid(c: &mut Ctx) -> Result<()> {
     let g = conv_geom;
     let cases = keep(vec![
@@ -1499,15 +1518,19 @@ fn pixel_grid(c: &mut Ctx) -> Result<()> {
         ("alexnet conv3 b4", g(4, 256, 13, 13, 384, 3, 1, 1, 1)),
     ]);
     for (case, geom) in cases {
-        for (what, dy) in [("x", false), ("dy", true)] {
-            let gg = GridGeom::of(&geom, dy).expect("stride 1");
+        for (what, gg) in [("x", GridGeom::x(&geom)), ("dy", GridGeom::dy(&geom))] {
+            let gg = gg.expect("stride 1");
             let src = c.randn(gg.src_len(), 1.0);
             let want = host::backend::cpu::layout::pixel_grid_tf32(&src, &gg);
             let gsrc = c.gpu.upload(&src)?;
             let mut gdst = c.gpu.poisoned(want.len())?;
             c.gpu.pixel_grid_tf32(&gsrc, &mut gdst, &gg)?;
             let got = c.gpu.download(&gdst)?;
-            c.check_true("pixel_grid", &format!("{case} {what} bitwise"), bits_equal(&got, &want));
+            c.check_true(
+                "pixel_grid",
+                &format!("{case} {what} bitwise"),
+                bits_equal(&got, &want),
+            );
         }
     }
     Ok(())

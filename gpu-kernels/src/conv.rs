@@ -1283,13 +1283,15 @@ pub unsafe extern "ptx-kernel" fn conv_backward_filter_nhwc16_bf16_wg_tma_big(
 /// pixel_grid_tf32`: each channel's pixels as one row, image b's pixel
 /// (y, x) at `(b·Hp + y)·Wp + x`, zeros between the images' rows): A, dy's
 /// grid `[F][len]` at `maps` (boxes of 32 pixels × 128 filters: filters
-/// `row..row + 128`); B, x's grid `[C][len]` at `maps + 128` (boxes of 32
-/// pixels × `bx` channels, `128 / bx` per tile), GEMM column `(kh·KW + kw)·Cg
-/// + c` reading channel c at pixel `p + kh·Wp + kw − (pad·Wp + pad)`: the
-/// tap's input pixel, or a zero of the padding (or past either end, which
-/// the copy engine fills with zeros). Columns past the group's `KH·KW·Cg`
-/// load tap 0 again and are not stored. K tiles `k_begin..k_end` of 32
-/// pixels (this split slice's).
+/// `row..row + 128`); B, x's grid in KW copies `[KW][C][len]`, copy kw
+/// shifted by `kw − (pad·Wp + pad)`, at `maps + 128` (boxes of 32 pixels ×
+/// `bx` channels, `128 / bx` per tile): GEMM column `(kh·KW + kw)·Cg + c`
+/// reads channel c of copy kw at pixel `p + kh·Wp`, the tap's input pixel
+/// or a zero of the padding (or past the end, which the copy engine fills
+/// with zeros). Every box starts on a 16-byte boundary (p a multiple of 32,
+/// Wp of 4), which the copy engine requires. Columns past the group's
+/// `KH·KW·Cg` load tap 0 again and are not stored. K tiles `k_begin..k_end`
+/// of 32 pixels (this split slice's).
 #[cfg(feature = "wgmma")]
 struct ConvTmaGrid {
     maps: *const u8,
@@ -1324,15 +1326,15 @@ impl crate::gemm::TmaTiles for ConvTmaGrid {
         use crate::device::tma_tile_2d;
         let s = &self.s;
         let cols = s.kk() * s.cg();
-        let origin = (s.pad * self.wp + s.pad) as i32;
         unsafe {
             tma_tile_2d(a, self.maps, *p as i32, self.row as i32, bar);
             let x = self.maps.add(128);
             for j in 0..128 / self.bx {
                 let col = (self.col + self.bx * j) % cols;
                 let (tap, c) = (col / s.cg(), col % s.cg());
-                let shift = ((tap / s.kw) * self.wp + tap % s.kw) as i32 - origin;
-                tma_tile_2d(b + 128 * self.bx * j, x, *p as i32 + shift, (self.chan + c) as i32, bar);
+                let (kh, kw) = (tap / s.kw, tap % s.kw);
+                let at = (*p + kh * self.wp) as i32;
+                tma_tile_2d(b + 128 * self.bx * j, x, at, (kw * s.c_in + self.chan + c) as i32, bar);
             }
         }
         *p += 32;

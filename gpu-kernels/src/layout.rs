@@ -37,8 +37,9 @@
 //! products' operand copies, which need no reordering).
 //!
 //! `pixel_grid_tf32` copies an NCHW tensor channel-major onto a padded
-//! pixel grid, `[C][N·Hp·Wp]` rounded to TF32 (the TF32 weight gradient's
-//! K-major operands); a thread per 16-byte store, 1-D grid-stride.
+//! pixel grid, `[copies][C][N·Hp·Wp]` rounded to TF32, each copy shifted
+//! by one more pixel (the TF32 weight gradient's K-major operands); a
+//! thread per 16-byte store, 1-D grid-stride.
 
 use crate::device::{
     bf16_bits, bid_x, bid_y, bid_z, gdim_x, grid_stride, pack_bf16, shared, sync_threads, tid_x, tid_y,
@@ -347,8 +348,8 @@ unsafe fn convert<T: Store>(src: *const f32, dst: *mut T, len: u32) {
 
 /// Shape of a `pixel_grid_tf32` call (passed by value): `batches` NCHW
 /// images of `c × h × w` laid on a grid of `hp × wp` pixels per image
-/// (`hp ≥ h`, `wp ≥ w`), each channel's row `len` elements long (at least
-/// `batches·hp·wp`).
+/// (`hp ≥ h`, `wp ≥ w`), `copies` copies of `c` rows of `len` elements
+/// (a multiple of 4), copy k shifted by `shift + k` grid pixels.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct GridGeom {
@@ -359,26 +360,31 @@ pub struct GridGeom {
     pub hp: u32,
     pub wp: u32,
     pub len: u32,
+    pub copies: u32,
+    pub shift: i32,
 }
 
-/// `dst[c][(b·hp + y)·wp + x] = src[b][c][y][x]` rounded to TF32, zero
-/// where `y ≥ h`, `x ≥ w` or past the images (up to `len`): a channel-major
-/// copy on the padded pixel grid of the TF32 weight gradient
+/// `dst[k][c][q]` = grid pixel `q + shift + k` of channel c rounded to
+/// TF32, where image b's pixel (y, x) is grid pixel `(b·hp + y)·wp + x`
+/// and every other one is zero: channel-major copies on the padded pixel
+/// grid of the TF32 weight gradient
 /// (`conv::conv_backward_filter_grid_tf32_wg_tma_big`), where each filter
 /// tap is a shift of the pixel index. One thread per 4 destination
-/// elements (a 16-byte store; `len` a multiple of 4), 1-D grid-stride.
+/// elements (a 16-byte store), 1-D grid-stride.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn pixel_grid_tf32(src: *const f32, dst: *mut f32, g: GridGeom) {
     let (i, step) = grid_stride();
     let (mut idx, step) = (i as u32, step as u32);
     let per_row = g.len / 4;
     let image = g.hp * g.wp;
-    while idx < g.c * per_row {
-        let (c, q0) = (idx / per_row, idx % per_row * 4);
+    while idx < g.copies * g.c * per_row {
+        let (row, q0) = (idx / per_row, idx % per_row * 4);
+        let (k, c) = (row / g.c, row % g.c);
         let value = |q: u32| {
-            let (b, r) = (q / image, q % image);
+            let at = (q + k) as i32 + g.shift;
+            let (b, r) = (at as u32 / image, at as u32 % image);
             let (y, x) = (r / g.wp, r % g.wp);
-            if b < g.batches && y < g.h && x < g.w {
+            if at >= 0 && b < g.batches && y < g.h && x < g.w {
                 let at = ((b * g.c + c) * g.h + y) as usize * g.w as usize + x as usize;
                 unsafe { *src.add(at) }
             } else {

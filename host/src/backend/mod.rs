@@ -83,8 +83,10 @@ impl ConvGeom {
 
 /// Shape of a `pixel_grid_tf32` layout change: `batches` NCHW images of
 /// `c × h × w` copied channel-major onto a grid of `hp × wp` pixels per
-/// image, `dst[ch][(b·hp + y)·wp + x] = src[b][ch][y][x]`, zero elsewhere,
-/// each channel's row `len` elements long.
+/// image, where image b's pixel (y, x) is grid pixel `(b·hp + y)·wp + x`
+/// and every other grid pixel is zero. `copies` copies, each `c` rows of
+/// `len` elements: `dst[k][ch][q]` = grid pixel `q + shift + k` of
+/// channel ch (zero outside the grid).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GridGeom {
     pub batches: usize,
@@ -94,41 +96,61 @@ pub struct GridGeom {
     pub hp: usize,
     pub wp: usize,
     pub len: usize,
+    pub copies: usize,
+    pub shift: isize,
 }
 
 impl GridGeom {
-    /// The grid of a stride-1 convolution's TF32 weight gradient, the same
-    /// for x and dy: wide enough that every tap's input pixel of every
-    /// output pixel p is `p + kh·wp + kw − (pad·wp + pad)` on x's grid or a
-    /// zero there (the padding each side of a row or image is shared with
-    /// the next), and dy fits; `len` rounded up to whole K tiles of 32.
-    /// `None` for a stride above 1.
+    /// The grid `(hp, wp, len)` of a stride-1 convolution's TF32 weight
+    /// gradient, the same for x and dy: every tap's input pixel of output
+    /// pixel p is `p + kh·wp + kw − (pad·wp + pad)` on x's grid, or a zero
+    /// there (the padding after a row or image is the next one's before
+    /// it), and dy fits. `wp` is a multiple of 4 and `len` of 32, so that
+    /// the kernel's copy-engine boxes start on 16-byte boundaries, which
+    /// the copy engine requires of a box's first element along a row (an
+    /// H100 run with unaligned starts hung). `None` for a stride above 1.
     pub fn conv(g: &ConvGeom) -> Option<(usize, usize, usize)> {
         if g.stride != 1 {
             return None;
         }
         // Input rows −pad..H + pad − 1 are read: the pad rows after an
         // image are the next one's before it.
-        let (hp, wp) = ((g.h + g.pad).max(g.out_h()), (g.w + g.pad).max(g.out_w()));
+        let hp = (g.h + g.pad).max(g.out_h());
+        let wp = (g.w + g.pad).max(g.out_w()).next_multiple_of(4);
         Some((hp, wp, (g.n * hp * wp).next_multiple_of(32)))
     }
 
-    /// `g`'s x (`dy` false) or dy on its grid ([`GridGeom::conv`]).
-    pub fn of(g: &ConvGeom, dy: bool) -> Option<Self> {
+    /// dy of `g` on its grid ([`GridGeom::conv`]), one copy.
+    pub fn dy(g: &ConvGeom) -> Option<Self> {
         let (hp, wp, len) = Self::conv(g)?;
-        let (c, h, w) = if dy {
-            (g.c_out, g.out_h(), g.out_w())
-        } else {
-            (g.c_in, g.h, g.w)
-        };
         Some(GridGeom {
             batches: g.n,
-            c,
-            h,
-            w,
+            c: g.c_out,
+            h: g.out_h(),
+            w: g.out_w(),
             hp,
             wp,
             len,
+            copies: 1,
+            shift: 0,
+        })
+    }
+
+    /// x of `g` on its grid, a copy per filter column kw shifted by
+    /// `kw − (pad·wp + pad)`: tap (kh, kw) of output pixel p is then pixel
+    /// `p + kh·wp` of copy kw, a whole number of 16-byte vectors on.
+    pub fn x(g: &ConvGeom) -> Option<Self> {
+        let (hp, wp, len) = Self::conv(g)?;
+        Some(GridGeom {
+            batches: g.n,
+            c: g.c_in,
+            h: g.h,
+            w: g.w,
+            hp,
+            wp,
+            len,
+            copies: g.k_w,
+            shift: -((g.pad * wp + g.pad) as isize),
         })
     }
 
@@ -137,9 +159,9 @@ impl GridGeom {
         self.batches * self.c * self.h * self.w
     }
 
-    /// Floats of the grid.
+    /// Floats of the grid (all copies).
     pub fn grid_len(&self) -> usize {
-        self.c * self.len
+        self.copies * self.c * self.len
     }
 }
 

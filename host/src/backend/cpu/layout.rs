@@ -103,16 +103,23 @@ pub fn row_patches_tf32(src: &[f32], g: &RowGeom) -> Vec<f32> {
 pub fn pixel_grid_tf32(src: &[f32], g: &GridGeom) -> Vec<f32> {
     assert_eq!(src.len(), g.src_len(), "pixel_grid_tf32: src length");
     assert!(
-        g.hp >= g.h && g.wp >= g.w && g.len >= g.batches * g.hp * g.wp,
+        g.hp >= g.h && g.wp >= g.w,
         "pixel_grid_tf32: {g:?} does not hold the images"
     );
+    let image = g.hp * g.wp;
     let mut dst = vec![0.0; g.grid_len()];
-    for b in 0..g.batches {
+    for k in 0..g.copies {
         for c in 0..g.c {
-            for y in 0..g.h {
-                for x in 0..g.w {
+            for q in 0..g.len {
+                let at = q as isize + g.shift + k as isize;
+                if at < 0 {
+                    continue;
+                }
+                let (b, r) = (at as usize / image, at as usize % image);
+                let (y, x) = (r / g.wp, r % g.wp);
+                if b < g.batches && y < g.h && x < g.w {
                     let v = src[((b * g.c + c) * g.h + y) * g.w + x];
-                    dst[c * g.len + (b * g.hp + y) * g.wp + x] = to_tf32(v);
+                    dst[(k * g.c + c) * g.len + q] = to_tf32(v);
                 }
             }
         }
@@ -156,13 +163,13 @@ mod tests {
 
     /// The TF32 weight gradient's arithmetic over the padded pixel grid
     /// (what `conv_backward_filter_grid_tf32_wg_tma_big` computes, written
-    /// out here): dw[f][c][kh][kw] = Σ_p dyg[f][p] · xg[c][p + kh·wp + kw −
-    /// (pad·wp + pad)], zero past either end of the row, equals the direct
-    /// weight gradient, for odd sizes, rectangular filters, pads from 0 to
-    /// above the filter's, and groups. Values are small integers (exact in
-    /// TF32 and in the sums).
+    /// out here): dw[f][c][kh][kw] = Σ_p dyg[f][p] · xg[kw][c][p + kh·wp]
+    /// (zero past the row's end) equals the direct weight gradient, for odd
+    /// sizes, rectangular filters, pads from 0 to above the filter's, and
+    /// groups; every offset `kh·wp` is a whole number of 16-byte vectors.
+    /// Values are small integers (exact in TF32 and in the sums).
     #[test]
-    fn pixel_grid_taps_are_shifts_of_the_pixel_index() {
+    fn pixel_grid_taps_are_aligned_shifts_of_the_pixel_index() {
         let g = |n, c_in, h, w, c_out, (k_h, k_w), pad, groups| ConvGeom {
             n,
             c_in,
@@ -182,32 +189,34 @@ mod tests {
             g(2, 2, 5, 7, 2, (3, 3), 0, 1),
             g(2, 2, 4, 4, 2, (2, 3), 3, 2),
         ] {
-            let x: Vec<f32> = (0..geom.x_len()).map(|i| (i * 7 % 11) as f32 - 5.0).collect();
-            let dy: Vec<f32> = (0..geom.y_len()).map(|i| (i * 5 % 9) as f32 - 4.0).collect();
+            let x: Vec<f32> = (0..geom.x_len())
+                .map(|i| (i * 7 % 11) as f32 - 5.0)
+                .collect();
+            let dy: Vec<f32> = (0..geom.y_len())
+                .map(|i| (i * 5 % 9) as f32 - 4.0)
+                .collect();
             let mut want = vec![f32::NAN; geom.w_len()];
             conv_backward_filter(&geom, &x, &dy, &mut want);
-            let (gx, gdy) = (GridGeom::of(&geom, false).unwrap(), GridGeom::of(&geom, true).unwrap());
-            assert_eq!((gx.hp, gx.wp, gx.len), (gdy.hp, gdy.wp, gdy.len), "{geom:?}");
-            assert!(gx.len.is_multiple_of(32));
+            let (gx, gdy) = (GridGeom::x(&geom).unwrap(), GridGeom::dy(&geom).unwrap());
+            assert_eq!(
+                (gx.hp, gx.wp, gx.len),
+                (gdy.hp, gdy.wp, gdy.len),
+                "{geom:?}"
+            );
+            assert!(gx.len.is_multiple_of(32) && gx.wp.is_multiple_of(4));
+            assert_eq!((gx.copies, gdy.copies), (geom.k_w, 1));
             let (xg, dg) = (pixel_grid_tf32(&x, &gx), pixel_grid_tf32(&dy, &gdy));
             let (cg, fg) = (geom.c_in / geom.groups, geom.c_out / geom.groups);
-            let origin = (geom.pad * gx.wp + geom.pad) as isize;
             for f in 0..geom.c_out {
                 let grp = f / fg;
                 for c in 0..cg {
                     for kh in 0..geom.k_h {
                         for kw in 0..geom.k_w {
-                            let shift = (kh * gx.wp + kw) as isize - origin;
-                            let chan = grp * cg + c;
+                            let row = &xg[(kw * geom.c_in + grp * cg + c) * gx.len..][..gx.len];
                             let got: f32 = (0..gx.len)
                                 .map(|p| {
-                                    let q = p as isize + shift;
-                                    let xv = if (0..gx.len as isize).contains(&q) {
-                                        xg[chan * gx.len + q as usize]
-                                    } else {
-                                        0.0
-                                    };
-                                    dg[f * gx.len + p] * xv
+                                    dg[f * gx.len + p]
+                                        * row.get(p + kh * gx.wp).copied().unwrap_or(0.0)
                                 })
                                 .sum();
                             let at = ((f * cg + c) * geom.k_h + kh) * geom.k_w + kw;

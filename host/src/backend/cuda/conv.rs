@@ -1101,9 +1101,9 @@ fn filter_from_nhwc(
     }
 }
 
-/// The TF32 weight gradient over the padded pixel grid: x and dy copied
-/// onto it (`pixel_grid_tf32`, scratch `GridX` and `GridDy`), their maps,
-/// then the kernel and the split-K reduction.
+/// The TF32 weight gradient over the padded pixel grid: dy copied onto it
+/// and x in KW shifted copies (`pixel_grid_tf32`, scratch `GridDy` and
+/// `GridX`), their maps, then the kernel and the split-K reduction.
 fn filter_grid(
     be: &CudaBackend,
     g: &ConvGeom,
@@ -1114,8 +1114,8 @@ fn filter_grid(
     dw: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let no_grid = || anyhow::anyhow!("{g:?} has no pixel grid for its TF32 weight gradient");
-    let gx = GridGeom::of(g, false).ok_or_else(no_grid)?;
-    let gdy = GridGeom::of(g, true).ok_or_else(no_grid)?;
+    let gx = GridGeom::x(g).ok_or_else(no_grid)?;
+    let gdy = GridGeom::dy(g).ok_or_else(no_grid)?;
     let bx = grid_box(g).ok_or_else(no_grid)? as u32;
     let (name, splits) = (f.plan.name, f.splits);
     let what = || format!("{g:?} splits={splits} on a {}×{} grid", gx.hp, gx.wp);
@@ -1126,9 +1126,13 @@ fn filter_grid(
             let maps = be.conv_tma_maps(g, TmaProduct::Grid, xg, dg, false)?;
             let (cfg, ring) = be.tma_cfg(name, f.plan.cfg)?;
             let (wp, len) = (gx.wp as u32, gx.len as u32);
-            split_into(be, dw, splits, &what, |out| {
-                launch!(be, name, cfg, what; s, &maps, &ring, out, &splits, &wp, &len, &bx)
-            })
+            split_into(
+                be,
+                dw,
+                splits,
+                &what,
+                |out| launch!(be, name, cfg, what; s, &maps, &ring, out, &splits, &wp, &len, &bx),
+            )
         })
     })
 }

@@ -163,7 +163,10 @@ pub(super) const fn tma_shared(stages: u32) -> u32 {
 /// needs more than 48 KiB of dynamic shared memory allowed: [`VEC_SHARED_MAX`],
 /// or [`tma_shared`] of [`TMA_STAGES_MAX`] for the TMA-fed kernels).
 pub(super) fn is_vec_kernel(name: &str) -> bool {
-    name.contains("_nhwc") || name.contains("_vec_") || name.contains("_rows") || name.contains("_tma")
+    name.contains("_nhwc")
+        || name.contains("_vec_")
+        || name.contains("_rows")
+        || name.contains("_tma")
 }
 
 /// The operand copies an fc product reads: none (fp32 operands, converted

@@ -116,6 +116,8 @@ struct GridShape {
     hp: u32,
     wp: u32,
     len: u32,
+    copies: u32,
+    shift: i32,
 }
 
 unsafe impl DeviceRepr for GridShape {}
@@ -131,7 +133,6 @@ pub(super) fn pixel_grid_tf32(
     ensure!(
         g.hp >= g.h
             && g.wp >= g.w
-            && g.len >= g.batches * g.hp * g.wp
             && g.len.is_multiple_of(4)
             && src.len() >= g.src_len()
             && dst.len() >= g.grid_len(),
@@ -143,8 +144,10 @@ pub(super) fn pixel_grid_tf32(
     );
     let cfg = grid_1d(be, g.grid_len() / 4);
     let step = cfg.grid_dim.0 as usize * cfg.block_dim.0 as usize;
+    let pixels = g.batches * g.hp * g.wp + g.len + g.copies;
     ensure!(
-        g.grid_len().max(g.src_len()) + step * 4 < u32::MAX as usize,
+        g.grid_len().max(g.src_len()).max(pixels) + step * 4 < i32::MAX as usize
+            && g.shift.unsigned_abs() < i32::MAX as usize / 2,
         "pixel_grid_tf32: {g:?} has too many elements for 32-bit indexing"
     );
     let shape = GridShape {
@@ -155,6 +158,8 @@ pub(super) fn pixel_grid_tf32(
         hp: g.hp as u32,
         wp: g.wp as u32,
         len: g.len as u32,
+        copies: g.copies as u32,
+        shift: g.shift as i32,
     };
     launch!(be, "pixel_grid_tf32", cfg, || format!("{g:?}"); src, dst, &shape)
 }

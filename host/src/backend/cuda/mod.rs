@@ -1944,12 +1944,18 @@ mod tests {
     fn tma_kernels_declare_their_block_size() {
         let want = format!(")\n.maxntid {}, 1, 1\n{{", super::gemm::WG_TMA_THREADS);
         let ptx = crate::PTX_SM90A;
-        let tma: Vec<_> = entries(ptx).into_iter().filter(|k| k.ends_with("_wg_tma_big")).collect();
+        let tma: Vec<_> = entries(ptx)
+            .into_iter()
+            .filter(|k| k.ends_with("_wg_tma_big"))
+            .collect();
         assert!(tma.len() >= 6, "{tma:?}");
         for k in tma {
             let at = ptx.find(&format!(".entry {k}(")).unwrap();
             let body = at + ptx[at..].find('{').unwrap();
-            assert!(ptx[..body + 1].ends_with(&want), "{k} has no .maxntid of its block");
+            assert!(
+                ptx[..body + 1].ends_with(&want),
+                "{k} has no .maxntid of its block"
+            );
         }
     }
 

@@ -35,8 +35,8 @@ pub(super) enum TmaProduct {
     Data,
     /// The weight gradient in bf16: dy's map in place of the weights'.
     Filter,
-    /// The weight gradient in TF32 over the padded pixel grid: dy's and
-    /// x's grids ([`GridGeom`]) as 2-D tiled maps.
+    /// The weight gradient in TF32 over the padded pixel grid: dy's grid
+    /// and x's KW shifted grids ([`GridGeom`]) as 2-D tiled maps.
     Grid,
 }
 
@@ -106,7 +106,9 @@ pub(super) fn conv_filter_unfit(g: &ConvGeom, half: bool) -> Option<&'static str
 /// fills whole 1024-byte swizzle atoms of 8 rows); `None` below that.
 pub(super) fn grid_box(g: &ConvGeom) -> Option<usize> {
     let cg = g.c_in / g.groups;
-    [128, 64, 32, 16, 8].into_iter().find(|&b| cg.is_multiple_of(b))
+    [128, 64, 32, 16, 8]
+        .into_iter()
+        .find(|&b| cg.is_multiple_of(b))
 }
 
 fn unfit(g: &ConvGeom, chans: usize, half: bool) -> Option<&'static str> {
@@ -143,11 +145,12 @@ fn weights_map(g: &ConvGeom, p: TmaProduct, wt: u64, half: bool) -> Result<sys::
     tiled_map(g, "weights", wt, [rows, row_len, box_rows], half)
 }
 
-/// The TF32 grid weight gradient's x: its grid `[C][len]` as a 2-D map
-/// with boxes of 32 pixels × [`grid_box`] channels.
+/// The TF32 grid weight gradient's x: its KW shifted grids `[KW][C][len]`
+/// as one 2-D map of KW·C rows with boxes of 32 pixels × [`grid_box`]
+/// channels.
 fn grid_x_map(g: &ConvGeom, x: u64) -> Result<sys::CUtensorMap> {
     let bx = grid_box(g).ok_or_else(|| anyhow::anyhow!("{g:?} has no TMA grid box"))?;
-    tiled_map(g, "x grid", x, [g.c_in, grid_len(g)?, bx], false)
+    tiled_map(g, "x grid", x, [g.k_w * g.c_in, grid_len(g)?, bx], false)
 }
 
 fn grid_len(g: &ConvGeom) -> Result<usize> {
@@ -372,7 +375,9 @@ mod tests {
                     |a: usize| (m.dims[a] as i32 - 1 + m.upper[a] - m.lower[a]) / m.step as i32 + 1;
                 // The pixels the kernel walks: output (forward), input (data).
                 let (pw, ph) = match p {
-                    TmaProduct::Forward | TmaProduct::Filter | TmaProduct::Grid => (c.out_w(), c.out_h()),
+                    TmaProduct::Forward | TmaProduct::Filter | TmaProduct::Grid => {
+                        (c.out_w(), c.out_h())
+                    }
                     TmaProduct::Data => (c.w, c.h),
                 };
                 assert_eq!((count(0), count(1)), (pw as i32, ph as i32), "{c:?} {p:?}");
@@ -385,7 +390,9 @@ mod tests {
                     let (s, pad) = (c.stride as i32, c.pad as i32);
                     let (kh, kw) = (c.k_h as i32, c.k_w as i32);
                     let kernel = match p {
-                        TmaProduct::Forward | TmaProduct::Filter | TmaProduct::Grid => (y * s - pad, x * s - pad),
+                        TmaProduct::Forward | TmaProduct::Filter | TmaProduct::Grid => {
+                            (y * s - pad, x * s - pad)
+                        }
                         TmaProduct::Data => (y - (kh - 1 - pad), x - (kw - 1 - pad)),
                     };
                     assert_eq!(model, kernel, "{c:?} {p:?} pixel {q}");
@@ -478,9 +485,16 @@ mod tests {
         assert!(conv_filter_unfit(&alexnet(96, 256, 5, 1, 2, 2), true).is_some());
         // TF32, over the padded pixel grid: stride 1 and channels in eights
         // (conv2–5), not conv1.
-        for conv in [(96, 256, 5, 1, 2, 2), (256, 384, 3, 1, 1, 1), (384, 256, 3, 1, 1, 2)] {
+        for conv in [
+            (96, 256, 5, 1, 2, 2),
+            (256, 384, 3, 1, 1, 1),
+            (384, 256, 3, 1, 1, 2),
+        ] {
             let (c_in, c_out, k, stride, pad, groups) = conv;
-            assert_eq!(conv_filter_unfit(&alexnet(c_in, c_out, k, stride, pad, groups), false), None);
+            assert_eq!(
+                conv_filter_unfit(&alexnet(c_in, c_out, k, stride, pad, groups), false),
+                None
+            );
         }
         assert!(conv_filter_unfit(&alexnet(3, 96, 11, 4, 2, 1), false).is_some());
         assert!(conv_filter_unfit(&alexnet(12, 96, 3, 1, 1, 1), false).is_some());
