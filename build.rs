@@ -115,7 +115,10 @@ fn cap_registers(ptx: &str) -> String {
     let mut tma = false;
     for line in ptx.lines() {
         if let Some(rest) = line.strip_prefix(".visible .entry ") {
-            tma = rest.split('(').next().is_some_and(|n| n.ends_with("_wg_tma_big"));
+            tma = rest
+                .split('(')
+                .next()
+                .is_some_and(|n| n.ends_with("_wg_tma_big"));
         }
         out.push_str(line);
         out.push('\n');
