@@ -8,7 +8,9 @@
 //! `ALEXNET_BENCH_JSON` (default `target/kernel-bench.json`).
 //! The conv products run the kernels the training step's autotune picks for
 //! each shape (TF32, bf16; printed as `autotune:` lines).
-//! Arguments filter by substring. Without a GPU it says so and exits 0.
+//! Arguments filter by substring of the kernel or the case (`a&b`: both
+//! substrings, e.g. `conv_backward_filter&bf16`). Without a GPU it says so
+//! and exits 0.
 
 use anyhow::Result;
 use host::backend::cuda::{CudaBackend, Elem, unavailable_reason};
@@ -51,11 +53,8 @@ impl Bench {
     /// precision suffix (`kernels "conv2 bf16"`).
     fn wanted(&self, kernel: &str, case: &str) -> bool {
         let case = format!("{case}{}", self.suffix);
-        self.filters.is_empty()
-            || self
-                .filters
-                .iter()
-                .any(|f| kernel.contains(f.as_str()) || case.contains(f.as_str()))
+        let part = |p: &str| kernel.contains(p) || case.contains(p);
+        self.filters.is_empty() || self.filters.iter().any(|f| f.split('&').all(part))
     }
 
     /// Times `f`; `flops` and `bytes` per call give the rates.

@@ -122,8 +122,11 @@ if [ "${TMA:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
     r tma-filter-$tool 120 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool $tool --error-exitcode 1 .gpf/bin/gpu_ops conv_tma_filter
   done
-  r k-filter 60 .gpf/bin/kernels conv_backward_filter
-  r k-tma-filter 60 env ALEXNET_TMA_FILTER=1 .gpf/bin/kernels conv_backward_filter
+  # Per precision, so that a failing TF32 kernel hides no bf16 time.
+  for p in tf32 bf16; do
+    r k-filter-$p 60 .gpf/bin/kernels "conv_backward_filter&$p" "pixel_grid"
+    r k-tma-filter-$p 60 env ALEXNET_TMA_FILTER=1 .gpf/bin/kernels "conv_backward_filter&$p"
+  done
   for p in tf32 bf16; do
     r bench-$p-tma-filter 60 env ALEXNET_TMA_FILTER=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
