@@ -1188,11 +1188,42 @@ impl crate::gemm::TmaTiles for ConvTma {
 struct ConvTmaFilter {
     maps: *const u8,
     s: ConvShape,
+    span: FilterSpan,
+}
+
+/// A TMA weight gradient's tile: its first filter row (of all groups'),
+/// first GEMM column of the group's `(kh·KW + kw)·Cg + c`, the group's
+/// first channel, and its split slice's K tiles `k_begin..k_end`.
+#[cfg(feature = "wgmma")]
+#[derive(Clone, Copy)]
+struct FilterSpan {
     row: u32,
     col: u32,
     chan: u32,
     k_begin: u32,
     k_end: u32,
+}
+
+/// Tile `[x, y, group·splits + slice]` of a TMA weight gradient over
+/// `k_tiles` K tiles cut into `splits` slices: its [`FilterSpan`] and the
+/// epilogue storing that slice's partial of dw into `ws`.
+#[cfg(feature = "wgmma")]
+#[inline(always)]
+fn filter_span(s: ConvShape, ws: *mut f32, splits: u32, k_tiles: u32, [x, y, p]: [u32; 3]) -> (FilterSpan, StoreFilterGradNhwc) {
+    let (g, slice) = (p / splits, p % splits);
+    let chunk = k_tiles.div_ceil(splits);
+    let k_begin = (slice * chunk).min(k_tiles);
+    let span = FilterSpan {
+        row: g * s.fg() + y * 128,
+        col: x * 128,
+        chan: g * s.cg(),
+        k_begin,
+        k_end: (k_begin + chunk).min(k_tiles),
+    };
+    let n_len = s.cg() * s.kk();
+    let dw_len = s.c_out as usize * n_len as usize;
+    let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
+    (span, StoreFilterGradNhwc { ws, offset, s })
 }
 
 #[cfg(feature = "wgmma")]
@@ -1205,11 +1236,11 @@ impl crate::gemm::TmaTiles for ConvTmaFilter {
     }
     #[inline(always)]
     fn start(&self) -> u32 {
-        self.k_begin * 64
+        self.span.k_begin * 64
     }
     #[inline(always)]
     fn tiles(&self) -> u32 {
-        self.k_end - self.k_begin
+        self.span.k_end - self.span.k_begin
     }
     #[inline(always)]
     unsafe fn load(&self, p: &mut u32, a: u32, b: u32, bar: u32) {
@@ -1221,15 +1252,16 @@ impl crate::gemm::TmaTiles for ConvTmaFilter {
         let iw = ((q % s.ow) * s.stride) as i32 - s.pad as i32;
         let cols = s.kk() * s.cg();
         unsafe {
-            tma_tile_2d(a, self.maps, self.row as i32, *p as i32, bar);
-            tma_tile_2d(a + 8192, self.maps, (self.row + 64) as i32, *p as i32, bar);
+            let (row, chan) = (self.span.row, self.span.chan);
+            tma_tile_2d(a, self.maps, row as i32, *p as i32, bar);
+            tma_tile_2d(a + 8192, self.maps, (row + 64) as i32, *p as i32, bar);
             for j in 0..2u32 {
-                let col = (self.col + 64 * j) % cols;
+                let col = (self.span.col + 64 * j) % cols;
                 let (tap, c) = (col / s.cg(), col % s.cg());
                 let (kh, kw) = (tap / s.kw, tap % s.kw);
                 let x = self.maps.add(128);
                 let at = b + 8192 * j;
-                tma_im2col_4d(at, x, (self.chan + c) as i32, iw, ih, img as i32, kw as u16, kh as u16, bar);
+                tma_im2col_4d(at, x, (chan + c) as i32, iw, ih, img as i32, kw as u16, kh as u16, bar);
             }
         }
         *p += 64;
@@ -1255,26 +1287,12 @@ pub unsafe extern "ptx-kernel" fn conv_backward_filter_nhwc16_bf16_wg_tma_big(
     ws: *mut f32,
     splits: u32,
 ) {
-    let n_len = s.cg() * s.kk();
-    let dw_len = s.c_out as usize * n_len as usize;
     let k_tiles = (s.n * s.oh * s.ow).div_ceil(64);
-    let tile = |[x, y, p]: [u32; 3]| {
-        let (g, slice) = (p / splits, p % splits);
-        let chunk = k_tiles.div_ceil(splits);
-        let k_begin = (slice * chunk).min(k_tiles);
-        let l = ConvTmaFilter {
-            maps,
-            s,
-            row: g * s.fg() + y * 128,
-            col: x * 128,
-            chan: g * s.cg(),
-            k_begin,
-            k_end: (k_begin + chunk).min(k_tiles),
-        };
-        let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
-        (l, StoreFilterGradNhwc { ws, offset, s })
+    let tile = |t: [u32; 3]| {
+        let (span, e) = filter_span(s, ws, splits, k_tiles, t);
+        (ConvTmaFilter { maps, s, span }, e)
     };
-    let dims = [n_len, s.fg(), s.groups * splits];
+    let dims = [s.cg() * s.kk(), s.fg(), s.groups * splits];
     unsafe { crate::gemm::gemm_tile_tma::<_, _, _, true, true>(tile, dims, ring) };
 }
 
@@ -1296,13 +1314,9 @@ pub unsafe extern "ptx-kernel" fn conv_backward_filter_nhwc16_bf16_wg_tma_big(
 struct ConvTmaGrid {
     maps: *const u8,
     s: ConvShape,
-    row: u32,
-    col: u32,
-    chan: u32,
+    span: FilterSpan,
     wp: u32,
     bx: u32,
-    k_begin: u32,
-    k_end: u32,
 }
 
 #[cfg(feature = "wgmma")]
@@ -1315,11 +1329,11 @@ impl crate::gemm::TmaTiles for ConvTmaGrid {
     }
     #[inline(always)]
     fn start(&self) -> u32 {
-        self.k_begin * 32
+        self.span.k_begin * 32
     }
     #[inline(always)]
     fn tiles(&self) -> u32 {
-        self.k_end - self.k_begin
+        self.span.k_end - self.span.k_begin
     }
     #[inline(always)]
     unsafe fn load(&self, p: &mut u32, a: u32, b: u32, bar: u32) {
@@ -1327,14 +1341,15 @@ impl crate::gemm::TmaTiles for ConvTmaGrid {
         let s = &self.s;
         let cols = s.kk() * s.cg();
         unsafe {
-            tma_tile_2d(a, self.maps, *p as i32, self.row as i32, bar);
+            let FilterSpan { row, col, chan, .. } = self.span;
+            tma_tile_2d(a, self.maps, *p as i32, row as i32, bar);
             let x = self.maps.add(128);
             for j in 0..128 / self.bx {
-                let col = (self.col + self.bx * j) % cols;
+                let col = (col + self.bx * j) % cols;
                 let (tap, c) = (col / s.cg(), col % s.cg());
                 let (kh, kw) = (tap / s.kw, tap % s.kw);
                 let at = (*p + kh * self.wp) as i32;
-                tma_tile_2d(b + 128 * self.bx * j, x, at, (kw * s.c_in + self.chan + c) as i32, bar);
+                tma_tile_2d(b + 128 * self.bx * j, x, at, (kw * s.c_in + chan + c) as i32, bar);
             }
         }
         *p += 32;
@@ -1360,28 +1375,12 @@ pub unsafe extern "ptx-kernel" fn conv_backward_filter_grid_tf32_wg_tma_big(
     len: u32,
     bx: u32,
 ) {
-    let n_len = s.cg() * s.kk();
-    let dw_len = s.c_out as usize * n_len as usize;
     let k_tiles = len.div_ceil(32);
-    let tile = |[x, y, p]: [u32; 3]| {
-        let (g, slice) = (p / splits, p % splits);
-        let chunk = k_tiles.div_ceil(splits);
-        let k_begin = (slice * chunk).min(k_tiles);
-        let l = ConvTmaGrid {
-            maps,
-            s,
-            row: g * s.fg() + y * 128,
-            col: x * 128,
-            chan: g * s.cg(),
-            wp,
-            bx,
-            k_begin,
-            k_end: (k_begin + chunk).min(k_tiles),
-        };
-        let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
-        (l, StoreFilterGradNhwc { ws, offset, s })
+    let tile = |t: [u32; 3]| {
+        let (span, e) = filter_span(s, ws, splits, k_tiles, t);
+        (ConvTmaGrid { maps, s, span, wp, bx }, e)
     };
-    let dims = [n_len, s.fg(), s.groups * splits];
+    let dims = [s.cg() * s.kk(), s.fg(), s.groups * splits];
     unsafe { crate::gemm::gemm_tile_tma::<_, _, _, false, false>(tile, dims, ring) };
 }
 
