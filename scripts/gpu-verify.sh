@@ -26,7 +26,9 @@
 # ALEXNET_TMA_STAGES and _PERSISTENT, over $STAGES and $RESIDENT);
 # COMPARE=1 issue 4's table (ours and PyTorch's, in $OUT/logs/table). Steps that
 # would pass $DEADLINE s are skipped (and say so), as are those whose log
-# name matches the regular expression $SKIP; after a step times out (a
+# name matches the regular expression $SKIP or, when $ONLY is set, does
+# not match it (e.g. ONLY='jit|gpu_ops-first|tma-filter-.*|k-.*filter.*|bench-.*');
+# after a step times out (a
 # kernel that hangs, most likely) the rest are skipped unless
 # STOP_AFTER_TIMEOUT=0.
 set -uo pipefail
@@ -70,6 +72,7 @@ fi
 pack() { (cd $OUT && tar czf logs.tgz logs); }
 r() { local n=$1 t=$2; shift 2
   [[ -n "${SKIP:-}" && $n =~ ^($SKIP)$ ]] && { echo "$n SKIPPED (SKIP)" | tee -a $L/summary.log; return; }
+  [[ -n "${ONLY:-}" && ! $n =~ ^($ONLY)$ ]] && { echo "$n SKIPPED (not in ONLY)" | tee -a $L/summary.log; return; }
   [ -n "$hung" ] && { echo "$n SKIPPED (after $hung timed out)" | tee -a $L/summary.log; return; }
   local left=$(( ${DEADLINE:-570} - ($(date +%s)-t0) )); [ $left -lt 20 ] && { echo "$n SKIPPED (time)" | tee -a $L/summary.log; return; }
   [ $t -gt $left ] && t=$left
