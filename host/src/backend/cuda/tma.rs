@@ -344,8 +344,10 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{TmaProduct, conv_data_unfit, conv_filter_unfit, conv_forward_unfit, im2col};
-    use crate::backend::ConvGeom;
+    use super::{
+        TmaProduct, conv_data_unfit, conv_filter_unfit, conv_forward_unfit, grid_box, im2col,
+    };
+    use crate::backend::{ConvGeom, GridGeom};
 
     /// The im2col maps against a model of the TMA traversal (window corners
     /// stepping through their bounding box, w fastest, then h, then the
@@ -398,6 +400,32 @@ mod tests {
                     assert_eq!(model, kernel, "{c:?} {p:?} pixel {q}");
                 }
             }
+        }
+    }
+
+    /// The copy engine needs a tiled box's first element on a 16-byte
+    /// boundary along its row (`…-h100-wgrad-tma/run3`: boxes that started
+    /// 1–3 floats off one never arrived). The TF32 grid weight gradient's
+    /// boxes start at pixel `p + kh·Wp` (p a multiple of 32): every shape
+    /// it takes has Wp a multiple of 4 floats and rows of whole K tiles.
+    #[test]
+    fn tf32_grid_boxes_start_on_16_byte_boundaries() {
+        let g = geom;
+        for c in [
+            alexnet(96, 256, 5, 1, 2, 2),
+            alexnet(256, 384, 3, 1, 1, 1),
+            alexnet(384, 256, 3, 1, 1, 2),
+            g(3, 40, 7, 9, 72, (3, 3), 1, 0, 1),
+            g(3, 128, 11, 9, 256, (3, 5), 1, 2, 2),
+            g(1, 16, 6, 5, 8, (5, 5), 1, 2, 2),
+        ] {
+            assert_eq!(conv_filter_unfit(&c, false), None, "{c:?}");
+            let (_, wp, len) = GridGeom::conv(&c).unwrap();
+            assert!(
+                wp.is_multiple_of(4) && len.is_multiple_of(32),
+                "{c:?}: wp {wp}, len {len}"
+            );
+            assert!(128 % grid_box(&c).unwrap() == 0);
         }
     }
 
