@@ -1013,10 +1013,9 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
             splits,
         });
     }
-    if let Some(name) = be.tma_filter_kernel(g) {
+    if let Some((name, half)) = be.tma_filter_kernel(g) {
         // 128×128 tiles per group, split over K; the TF32 kernel sums
         // over the whole grid.
-        let half = !name.contains("_grid_");
         let k = match GridGeom::conv(g) {
             Some((_, _, len)) if !half => len,
             _ => k,

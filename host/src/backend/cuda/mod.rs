@@ -996,8 +996,9 @@ impl CudaBackend {
         self.funcs.get_key_value(name).map(|(k, _)| (*k, half))
     }
 
-    /// The TMA weight gradient for `g`, where it is on and fits.
-    fn tma_filter_kernel(&self, g: &ConvGeom) -> Option<&'static str> {
+    /// The TMA weight gradient for `g`, where it is on and fits, and
+    /// whether its operands are bf16 (else TF32, over the pixel grid).
+    fn tma_filter_kernel(&self, g: &ConvGeom) -> Option<(&'static str, bool)> {
         let half = self.tma_half()?;
         if !self.tma_filter || tma::conv_filter_unfit(g, half).is_some() {
             return None;
@@ -1007,7 +1008,7 @@ impl CudaBackend {
         } else {
             "conv_backward_filter_grid_tf32_wg_tma_big"
         };
-        self.funcs.get_key_value(name).map(|(k, _)| *k)
+        self.funcs.get_key_value(name).map(|(k, _)| (*k, half))
     }
 
     /// Turns the TMA weight gradients on or off (where the GPU has them).
