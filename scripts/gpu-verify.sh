@@ -21,7 +21,8 @@
 # under memcheck and racecheck too; `kernels conv_forward` as the step runs
 # it and with 128×128 tiles forced, on and off TMA; host bench with
 # ALEXNET_TMA=0, ALEXNET_TMA_DATA=0 and ALEXNET_TMA_EPILOGUE=direct; the
-# TMA weight gradients, ALEXNET_TMA_FILTER=1; the stages and resident
+# TMA weight gradients, bf16 by default, ALEXNET_TMA_FILTER=0 none and =1
+# TF32 too; the stages and resident
 # blocks,
 # ALEXNET_TMA_STAGES and _PERSISTENT, over $STAGES and $RESIDENT);
 # COMPARE=1 issue 4's table (ours and PyTorch's, in $OUT/logs/table). Steps that
@@ -118,20 +119,21 @@ if [ "${TMA:-0}" = 1 ]; then
   for p in tf32 bf16; do
     r bench-$p-direct 60 env ALEXNET_TMA_EPILOGUE=direct $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
-  # The TMA weight gradients (opt-in, ALEXNET_TMA_FILTER=1; TF32 over the
-  # padded pixel grid): their checks, then their speed against the default
-  # and the step with them.
+  # The TMA weight gradients (bf16 by default; ALEXNET_TMA_FILTER=1 adds
+  # TF32's, over the padded pixel grid): their checks, then their speed
+  # against the mma.sync kernels (=0) and the step with and without them.
   r conv_tma_filter 120 .gpf/bin/gpu_ops conv_tma_filter pixel_grid
   for tool in memcheck racecheck; do
     r tma-filter-$tool 120 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool $tool --error-exitcode 1 .gpf/bin/gpu_ops conv_tma_filter
   done
   # Per precision, so that a failing TF32 kernel hides no bf16 time.
   for p in tf32 bf16; do
-    r k-filter-$p 60 .gpf/bin/kernels "conv_backward_filter&$p" "pixel_grid"
+    r k-filter-$p 60 env ALEXNET_TMA_FILTER=0 .gpf/bin/kernels "conv_backward_filter&$p" "pixel_grid"
     r k-tma-filter-$p 60 env ALEXNET_TMA_FILTER=1 .gpf/bin/kernels "conv_backward_filter&$p"
   done
   for p in tf32 bf16; do
     r bench-$p-tma-filter 60 env ALEXNET_TMA_FILTER=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
+    r bench-$p-no-tma-filter 60 env ALEXNET_TMA_FILTER=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
   # kernels-base: the same benchmark of an earlier build, put there by hand.
   [ -x .gpf/bin/kernels-base ] && r k-base 60 env ALEXNET_TMA_DATA=1 .gpf/bin/kernels-base conv_forward conv_backward_data

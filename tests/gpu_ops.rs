@@ -20,7 +20,7 @@
 
 use anyhow::Result;
 use host::backend::cpu::CpuBackend;
-use host::backend::cuda::{CudaBackend, Elem, GemmTiles, TmaGrid, unavailable_reason};
+use host::backend::cuda::{CudaBackend, Elem, GemmTiles, TmaFilter, TmaGrid, unavailable_reason};
 use host::backend::*;
 use host::config::Precision;
 use host::model::Model;
@@ -983,8 +983,8 @@ fn conv_tma_filter(c: &mut Ctx) -> Result<()> {
         ),
         ("odd 40ch 7x9 k3 p0 f72 b3", g(3, 40, 7, 9, 72, 3, 1, 0, 1)),
     ]);
-    let on = c.gpu.tma_filter_enabled();
-    c.gpu.set_tma_filter(true);
+    let on = c.gpu.tma_filter();
+    c.gpu.set_tma_filter(TmaFilter::All);
     let mut result = Ok(());
     let runs = cases
         .iter()

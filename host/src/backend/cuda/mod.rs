@@ -292,6 +292,32 @@ fn gpu_err(e: DriverError) -> anyhow::Error {
     anyhow!("CUDA error: {e}")
 }
 
+/// Which weight gradients run on the TMA-fed `wgmma` kernel
+/// (`ALEXNET_TMA_FILTER`: `0`, `bf16` (the default) or `1`/`all`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TmaFilter {
+    /// None: the `mma.sync` kernels.
+    Off,
+    /// The bf16 ones (MN-major tiles of dy and x's windows): conv3–5
+    /// 4–9% faster per layer, the step 1–2.5% (H100, benches/NOTES.md).
+    Bf16,
+    /// The TF32 ones too, over the padded pixel grid: correct, but only
+    /// conv3's is faster and the step is 12% slower (H100), so opt-in.
+    All,
+}
+
+impl TmaFilter {
+    /// The setting `ALEXNET_TMA_FILTER` (`None`: unset) names.
+    pub fn parse(v: Option<String>) -> Result<Self> {
+        Ok(match v.as_deref() {
+            Some("0") => Self::Off,
+            None | Some("bf16") => Self::Bf16,
+            Some("1" | "all") => Self::All,
+            Some(v) => bail!("ALEXNET_TMA_FILTER must be 0, bf16, 1 or all, got {v:?}"),
+        })
+    }
+}
+
 /// How a TMA kernel's 1-D grid covers its 128×128 tiles (each block takes
 /// tiles b, b + grid, …).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -415,10 +441,9 @@ pub struct CudaBackend {
     /// on by default on Hopper (`ALEXNET_TMA_DATA=0` turns it off); conv3's
     /// TF32 data gradient 0.38 → 0.21 ms on the H100 (benches/NOTES.md).
     tma_data: bool,
-    /// Whether the bf16 weight gradients whose shape allows it run on the
-    /// TMA kernel (`ALEXNET_TMA_FILTER=1`; off by default: not yet run on
-    /// a GPU).
-    tma_filter: bool,
+    /// Which weight gradients whose shape allows it run on the TMA
+    /// kernels ([`TmaFilter`]; bf16 by default on Hopper).
+    tma_filter: TmaFilter,
     /// The TMA kernels' tensor maps (`tma.rs`).
     tma_maps: Mutex<tma::TmaMaps>,
     /// The TMA kernels' stages of 32 KiB (`ALEXNET_TMA_STAGES`, 2 to 7;
@@ -625,7 +650,10 @@ impl CudaBackend {
             wg_big: hopper && !std::env::var("ALEXNET_WG_BIG").is_ok_and(|v| v == "0"),
             tma: hopper && !std::env::var("ALEXNET_TMA").is_ok_and(|v| v == "0"),
             tma_data: hopper && !std::env::var("ALEXNET_TMA_DATA").is_ok_and(|v| v == "0"),
-            tma_filter: hopper && std::env::var("ALEXNET_TMA_FILTER").is_ok_and(|v| v == "1"),
+            tma_filter: match TmaFilter::parse(std::env::var("ALEXNET_TMA_FILTER").ok())? {
+                _ if !hopper => TmaFilter::Off,
+                which => which,
+            },
             tma_maps: Mutex::new(tma::TmaMaps::new()),
             tma_grid: if std::env::var("ALEXNET_TMA_PERSISTENT").is_ok_and(|v| v == "1") {
                 TmaGrid::Resident
@@ -1000,7 +1028,12 @@ impl CudaBackend {
     /// whether its operands are bf16 (else TF32, over the pixel grid).
     fn tma_filter_kernel(&self, g: &ConvGeom) -> Option<(&'static str, bool)> {
         let half = self.tma_half()?;
-        if !self.tma_filter || tma::conv_filter_unfit(g, half).is_some() {
+        let on = match self.tma_filter {
+            TmaFilter::Off => false,
+            TmaFilter::Bf16 => half,
+            TmaFilter::All => true,
+        };
+        if !on || tma::conv_filter_unfit(g, half).is_some() {
             return None;
         }
         let name = if half {
@@ -1011,14 +1044,19 @@ impl CudaBackend {
         self.funcs.get_key_value(name).map(|(k, _)| (*k, half))
     }
 
-    /// Turns the TMA weight gradients on or off (where the GPU has them).
-    pub fn set_tma_filter(&mut self, on: bool) {
-        self.tma_filter = on && self.has_wgmma;
+    /// Sets which weight gradients run on the TMA kernels (none where the
+    /// GPU has no `wgmma`).
+    pub fn set_tma_filter(&mut self, which: TmaFilter) {
+        self.tma_filter = if self.has_wgmma {
+            which
+        } else {
+            TmaFilter::Off
+        };
         self.settings_changed();
     }
 
-    /// Whether the TMA weight gradients are on.
-    pub fn tma_filter_enabled(&self) -> bool {
+    /// Which weight gradients run on the TMA kernels.
+    pub fn tma_filter(&self) -> TmaFilter {
         self.tma_filter
     }
 
@@ -1908,7 +1946,24 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{FastDiv, KERNELS, WG_KERNELS};
+    use super::{FastDiv, KERNELS, TmaFilter, WG_KERNELS};
+
+    /// `ALEXNET_TMA_FILTER`: bf16 unless set; a value it does not know is
+    /// an error that names it.
+    #[test]
+    fn tma_filter_setting() {
+        let parse = |v: Option<&str>| TmaFilter::parse(v.map(String::from));
+        assert_eq!(parse(None).unwrap(), TmaFilter::Bf16);
+        assert_eq!(parse(Some("bf16")).unwrap(), TmaFilter::Bf16);
+        assert_eq!(parse(Some("0")).unwrap(), TmaFilter::Off);
+        assert_eq!(parse(Some("1")).unwrap(), TmaFilter::All);
+        assert_eq!(parse(Some("all")).unwrap(), TmaFilter::All);
+        let e = parse(Some("tf32")).unwrap_err().to_string();
+        assert!(
+            e.contains("ALEXNET_TMA_FILTER") && e.contains("tf32"),
+            "{e}"
+        );
+    }
 
     /// The kernel a PTX line opens, if it is a `.visible .entry` line.
     fn entry_name(line: &str) -> Option<&str> {
