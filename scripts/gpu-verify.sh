@@ -135,6 +135,12 @@ if [ "${TMA:-0}" = 1 ]; then
     r bench-$p-tma-filter 60 env ALEXNET_TMA_FILTER=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
     r bench-$p-no-tma-filter 60 env ALEXNET_TMA_FILTER=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
+  # ncu on conv3's TMA weight gradients (bf16, and TF32 over the grid).
+  for p in bf16 tf32; do
+    r ncu-tma-filter-$p 90 env ALEXNET_TMA_FILTER=1 ncu --clock-control none -k regex:conv_backward_filter_.*_wg_tma_big -c 1 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+      .gpf/bin/kernels "conv_backward_filter&conv3 $p"
+  done
   # kernels-base: the same benchmark of an earlier build, put there by hand.
   [ -x .gpf/bin/kernels-base ] && r k-base 60 env ALEXNET_TMA_DATA=1 .gpf/bin/kernels-base conv_forward conv_backward_data
   # The producer's ring: 2 to 7 stages of 32 KiB (5 by default), a block
