@@ -69,6 +69,16 @@ pub struct FastDiv {
 }
 
 impl FastDiv {
+    /// The host's rule on the GPU (`d` in `1..=2^31`), for a divisor known
+    /// only in the kernel: one 64-bit division, then three instructions a
+    /// quotient.
+    #[inline(always)]
+    pub fn new(d: u32) -> Self {
+        let shr = 32 - (d - 1).leading_zeros();
+        let mul = (((1u64 << 32) * ((1u64 << shr) - d as u64)) / d as u64 + 1) as u32;
+        FastDiv { d, mul, shr }
+    }
+
     #[inline(always)]
     pub fn div(&self, n: u32) -> u32 {
         let hi = ((n as u64 * self.mul as u64) >> 32) as u32;

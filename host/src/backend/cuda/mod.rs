@@ -299,10 +299,10 @@ pub enum TmaFilter {
     /// None: the `mma.sync` kernels.
     Off,
     /// The bf16 ones (MN-major tiles of dy and x's windows): conv3–5
-    /// 4–9% faster per layer, the step 1–2.5% (H100, benches/NOTES.md).
+    /// 11–26% faster per layer, the bf16 step 3–5% (H100, benches/NOTES.md).
     Bf16,
     /// The TF32 ones too, over the padded pixel grid: correct, but only
-    /// conv3's is faster and the step is 12% slower (H100), so opt-in.
+    /// conv3's is faster and the step is 3% slower (H100), so opt-in.
     All,
 }
 
