@@ -227,19 +227,45 @@ impl Operand for Patches {
 }
 
 /// Stores y[n, g·Fg+f, oh, ow] = acc + bias, through ReLU if `s.relu`.
-struct StoreOutput {
+/// With `FAST` (the TMA kernels), a [`FastDiv`](crate::device::FastDiv)
+/// made once per tile divides by OH·OW; without, a plain division.
+struct StoreOutput<const FAST: bool> {
     y: *mut f32,
     bias: *const f32,
     s: ConvShape,
     g: u32,
+    ohw: crate::device::FastDiv,
 }
 
-impl Epilogue for StoreOutput {
+impl<const FAST: bool> StoreOutput<FAST> {
+    #[inline(always)]
+    fn new(y: *mut f32, bias: *const f32, s: ConvShape, g: u32) -> Self {
+        let ohw = fast_div::<FAST>(s.oh * s.ow);
+        StoreOutput { y, bias, s, g, ohw }
+    }
+}
+
+/// A [`FastDiv`](crate::device::FastDiv) by `d` where `FAST`, else an
+/// unused placeholder (the epilogue then divides by `d` itself).
+#[inline(always)]
+fn fast_div<const FAST: bool>(d: u32) -> crate::device::FastDiv {
+    if FAST {
+        crate::device::FastDiv::new(d)
+    } else {
+        crate::device::FastDiv { d: 0, mul: 0, shr: 0 }
+    }
+}
+
+impl<const FAST: bool> Epilogue for StoreOutput<FAST> {
     #[inline(always)]
     unsafe fn store(&self, m: u32, n: u32, acc: f32) {
         let s = &self.s;
         let ohw = s.oh * s.ow;
-        let (img, p) = (n / ohw, n % ohw);
+        let (img, p) = if FAST {
+            self.ohw.divmod(n)
+        } else {
+            (n / ohw, n % ohw)
+        };
         let f = self.g * s.fg() + m;
         let idx = (img as usize * s.c_out as usize + f as usize) * ohw as usize + p as usize;
         let v = acc + unsafe { *self.bias.add(f as usize) };
@@ -264,7 +290,7 @@ unsafe fn conv_forward_impl<const MODE: u8, const WIDE: bool>(
         is: k_len as usize,
     };
     let b = Patches::new(x, s, g);
-    let e = StoreOutput { y, bias, s, g };
+    let e = StoreOutput::<false>::new(y, bias, s, g);
     unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, s.fg(), s.n * s.oh * s.ow, 0, k_len) };
 }
 
@@ -387,19 +413,34 @@ impl Operand for GradPatches {
 /// Stores dx[n, g·Cg+c, ih, iw]; with `s.relu` set, 0 where `mask` (x, the
 /// output of the ReLU before the convolution, NCHW) is ≤ 0: that ReLU's
 /// backward, so it needs no pass of its own.
-struct StoreInputGrad {
+/// With `FAST` (the TMA kernels), a [`FastDiv`](crate::device::FastDiv)
+/// made once per tile divides by H·W; without, a plain division.
+struct StoreInputGrad<const FAST: bool> {
     dx: *mut f32,
     mask: *const f32,
     s: ConvShape,
     g: u32,
+    hw: crate::device::FastDiv,
 }
 
-impl Epilogue for StoreInputGrad {
+impl<const FAST: bool> StoreInputGrad<FAST> {
+    #[inline(always)]
+    fn new(dx: *mut f32, mask: *const f32, s: ConvShape, g: u32) -> Self {
+        let hw = fast_div::<FAST>(s.h * s.w);
+        StoreInputGrad { dx, mask, s, g, hw }
+    }
+}
+
+impl<const FAST: bool> Epilogue for StoreInputGrad<FAST> {
     #[inline(always)]
     unsafe fn store(&self, m: u32, n: u32, acc: f32) {
         let s = &self.s;
         let hw = s.h * s.w;
-        let (img, p) = (n / hw, n % hw);
+        let (img, p) = if FAST {
+            self.hw.divmod(n)
+        } else {
+            (n / hw, n % hw)
+        };
         let ch = (img * s.c_in + self.g * s.cg() + m) as usize;
         let at = ch * hw as usize + p as usize;
         let v = if s.relu != 0 && !(unsafe { *self.mask.add(at) } > 0.0) {
@@ -433,7 +474,7 @@ unsafe fn conv_backward_data_impl<const MODE: u8, const WIDE: bool>(
         g,
         step: Step::new(s.kh, s.kw),
     };
-    let e = StoreInputGrad { dx, mask, s, g };
+    let e = StoreInputGrad::<false>::new(dx, mask, s, g);
     unsafe { gemm_tile::<_, _, _, MODE, WIDE>(&a, &b, &e, s.cg(), s.n * s.h * s.w, 0, k_len) };
 }
 
@@ -973,7 +1014,7 @@ unsafe fn conv_forward_nhwc_any<const MODE: u8, const T: u8, const H: bool, cons
     let k_len = s.cg() * s.kk();
     let w = group_rows::<H, true>(wt, g * s.fg(), k_len);
     let p = NhwcPatches::<H> { x, s, g };
-    let e = StoreOutput { y, bias, s, g };
+    let e = StoreOutput::<false>::new(y, bias, s, g);
     let n = s.n * s.oh * s.ow;
     if TR {
         unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&p, &w, &Transposed(e), n, s.fg(), 0, k_len) };
@@ -1442,7 +1483,7 @@ pub unsafe extern "ptx-kernel" fn conv_backward_filter_grid_tf32_wg_tma_big(
 unsafe fn conv_forward_tma<const HALF: bool>(s: ConvShape, maps: *const u8, ring: u32, bias: *const f32, y: *mut f32) {
     let tile = |t: [u32; 3]| {
         let l = ConvTma::forward(maps, s, HALF, t);
-        let e = StoreOutput { y, bias, s, g: t[2] };
+        let e = StoreOutput::<true>::new(y, bias, s, t[2]);
         (l, e)
     };
     let dims = [s.n * s.oh * s.ow, s.fg(), s.groups];
@@ -1459,7 +1500,7 @@ unsafe fn conv_forward_tma<const HALF: bool>(s: ConvShape, maps: *const u8, ring
 unsafe fn conv_backward_data_tma<const HALF: bool>(s: ConvShape, maps: *const u8, ring: u32, dx: *mut f32, mask: *const f32) {
     let tile = |t: [u32; 3]| {
         let l = ConvTma::data(maps, s, HALF, t);
-        let e = StoreInputGrad { dx, mask, s, g: t[2] };
+        let e = StoreInputGrad::<true>::new(dx, mask, s, t[2]);
         (l, e)
     };
     let dims = [s.n * s.h * s.w, s.cg(), s.groups];
@@ -1630,7 +1671,7 @@ unsafe fn conv_backward_data_nhwc_any<const MODE: u8, const T: u8, const H: bool
     let g = bid_z();
     let k_len = s.fg() * s.kk();
     let w = group_rows::<H, true>(wt, g * s.cg(), k_len);
-    let e = StoreInputGrad { dx, mask, s, g };
+    let e = StoreInputGrad::<false>::new(dx, mask, s, g);
     let n = s.n * s.h * s.w;
     // One engine per stride case, so the stride-1 gather carries no test.
     macro_rules! product {
@@ -1985,7 +2026,7 @@ unsafe fn conv_forward_rows_any<const MODE: u8, const T: u8, const H: bool>(
         is: k_len as usize,
     };
     let b = RowPatches::<H> { p, s };
-    let e = StoreOutput { y, bias, s, g: 0 };
+    let e = StoreOutput::<false>::new(y, bias, s, 0);
     let n = s.n * s.oh * s.ow;
     unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, s.c_out, n, 0, k_len) };
 }
