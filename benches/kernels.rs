@@ -336,6 +336,22 @@ fn main() -> Result<()> {
         }
     }
 
+    // The TMA weight gradients' split-K sum from GEMM order into dw's
+    // (conv2..conv5, at conv3's 7 slices of batch 128 on an H100).
+    for (layer, g) in &convs[1..] {
+        let splits = 7;
+        let ws = b.be.random(g.w_len() * splits, 268)?;
+        let mut dw = b.be.zeros(g.w_len())?;
+        let bytes = 4.0 * (g.w_len() * (splits + 1)) as f64;
+        b.run(
+            "conv_backward_filter_sum",
+            &format!("{layer} {splits} slices"),
+            0.0,
+            bytes,
+            |be| be.conv_backward_filter_sum(g, g.c_in / g.groups, &ws, &mut dw, splits as u32),
+        )?;
+    }
+
     let w6 = b.be.random(4096 * 9216, 270)?;
     let mut w6h = b.be.zeros(4096 * 9216 / 2)?;
     b.run(

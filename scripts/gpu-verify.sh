@@ -143,6 +143,10 @@ if [ "${TMA:-0}" = 1 ]; then
   done
   # kernels-base: the same benchmark of an earlier build, put there by hand.
   [ -x .gpf/bin/kernels-base ] && r k-base 60 env ALEXNET_TMA_DATA=1 .gpf/bin/kernels-base conv_forward conv_backward_data
+  # The bf16 weight gradients as the step runs them, this build's and the
+  # earlier one's, one after the other.
+  r k-default-filter 60 .gpf/bin/kernels "conv_backward_filter&bf16" conv_backward_filter_sum
+  [ -x .gpf/bin/kernels-base ] && r k-base-filter 60 .gpf/bin/kernels-base "conv_backward_filter&bf16"
   # The producer's ring: 2 to 7 stages of 32 KiB (5 by default), a block
   # per tile or resident blocks looping over tiles; then ncu on conv3's
   # TF32 forward and data gradient.

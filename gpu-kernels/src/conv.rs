@@ -9,7 +9,8 @@
 //!   (terms where the division is inexact or out of range are zero)
 //! - filter:   C[f, (c,kh,kw)] = Σ_(n,oh,ow) dy[n, g·Fg+f, oh, ow] · x[n, g·Cg+c, oh·s−p+kh, ow·s−p+kw],
 //!   split over K into `splits` slices (grid z = g·splits + slice) whose
-//!   partials `splitk_reduce` sums in a fixed order.
+//!   partials `splitk_reduce` sums in a fixed order (the TMA kernels' in
+//!   GEMM order, which `conv_backward_filter_sum` sums and permutes).
 //!
 //! Grid (⌈N_gemm/64⌉, ⌈M_gemm/BM⌉, G or G·splits) with BM = 64, or 128 for
 //! the `_wide` variants, 256 threads, `gemm::shared_bytes(wide)` of dynamic
@@ -1080,17 +1081,19 @@ gemm_kernels!(conv_forward_nhwc16_impl (s: ConvShape, x: *const f32, wt: *const 
     conv_forward_nhwc16_bf16_wg: WGMMA, 0; conv_forward_nhwc16_bf16_wg_wide: WGMMA, 1; conv_forward_nhwc16_bf16_wg_big: WGMMA, 2; conv_forward_nhwc16_bf16_wg_long: WGMMA, 3);
 
 /// The operands of a channels-last conv product for the tensor memory
-/// accelerator. Forward: A, group g's filter rows, a 2-D tiled map of the
-/// `[F][KK·Cg]` weights at `maps`; B, the filter windows of x, an im2col
+/// accelerator. Forward: A, group g's filter rows, a 3-D tiled map of the
+/// `[F][KK][Cg]` weights at `maps`; B, the filter windows of x, an im2col
 /// map of the NHWC x at `maps + 128` whose boxes are 128 windows × one
-/// tap's `bk` channels. K tile t is tap `t·bk / Cg` (kh, kw), channels `t·bk
-/// mod Cg` onwards of the group: the order of k the other channels-last
-/// kernels use, which needs `Cg` to be a multiple of `bk` (32 TF32 or 64
-/// bf16 values, 128 bytes). Data gradient (stride 1): A, group g's rows of
-/// the `[G·Cg][KK·Fg]` weights; B, dy's windows around each input pixel
-/// (corner `(ih, iw) − (K − 1 − pad)`), tap (kh, kw) at offset
-/// `(K − 1 − kh, K − 1 − kw)`, i.e. dy at `(ih + pad − kh, iw + pad − kw)`,
-/// Fg in place of Cg.
+/// tap's `bk` channels (32 TF32 or 64 bf16 values, 128 bytes). Each tap
+/// takes ⌈Cg/bk⌉ K tiles, channels `0, bk, …` of the group: where `bk`
+/// divides Cg the order of k the other channels-last kernels use; else
+/// the last tile runs past the group, where A's map reads zeros (past its
+/// Cg) and B the next group's channels or zeros (past C), so those terms
+/// add nothing (x must be finite). Data gradient (stride 1): A, group g's
+/// rows of the `[G·Cg][KK][Fg]` weights; B, dy's windows around each input
+/// pixel (corner `(ih, iw) − (K − 1 − pad)`), tap (kh, kw) at offset `(K −
+/// 1 − kh, K − 1 − kw)`, i.e. dy at `(ih + pad − kh, iw + pad − kw)`, Fg
+/// in place of Cg.
 #[cfg(feature = "wgmma")]
 struct ConvTma {
     maps: *const u8,
@@ -1161,14 +1164,14 @@ unsafe fn acquire_maps(maps: *const u8) {
     }
 }
 
-/// Where [`ConvTma`]'s next K tile starts: tap (kh, kw), channel c of the
-/// group, and k.
+/// Where [`ConvTma`]'s next K tile starts: tap (kh, kw), its index
+/// `kh·KW + kw`, and channel c of the group.
 #[cfg(feature = "wgmma")]
 struct TmaCursor {
     kh: u32,
     kw: u32,
+    tap: u32,
     c: u32,
-    k: u32,
 }
 
 #[cfg(feature = "wgmma")]
@@ -1180,15 +1183,15 @@ impl crate::gemm::TmaTiles for ConvTma {
     }
     #[inline(always)]
     fn start(&self) -> TmaCursor {
-        TmaCursor { kh: 0, kw: 0, c: 0, k: 0 }
+        TmaCursor { kh: 0, kw: 0, tap: 0, c: 0 }
     }
     #[inline(always)]
     fn tiles(&self) -> u32 {
-        (self.chans * self.s.kk()).div_ceil(self.bk)
+        self.chans.div_ceil(self.bk) * self.s.kk()
     }
     #[inline(always)]
     unsafe fn load(&self, t: &mut TmaCursor, a: u32, b: u32, bar: u32) {
-        use crate::device::{tma_im2col_4d, tma_tile_2d};
+        use crate::device::{tma_im2col_4d, tma_tile_3d};
         let s = &self.s;
         let (dh, dw) = if self.flip {
             (s.kh - 1 - t.kh, s.kw - 1 - t.kw)
@@ -1196,15 +1199,15 @@ impl crate::gemm::TmaTiles for ConvTma {
             (t.kh, t.kw)
         };
         unsafe {
-            tma_tile_2d(a, self.maps, t.k as i32, self.row as i32, bar);
+            tma_tile_3d(a, self.maps, t.c as i32, t.tap as i32, self.row as i32, bar);
             let c = (self.chan + t.c) as i32;
             let x = self.maps.add(128);
             tma_im2col_4d(b, x, c, self.iw, self.ih, self.img as i32, dw as u16, dh as u16, bar);
         }
-        t.k += self.bk;
         t.c += self.bk;
-        if t.c == self.chans {
+        if t.c >= self.chans {
             t.c = 0;
+            t.tap += 1;
             t.kw += 1;
             if t.kw == s.kw {
                 t.kw = 0;
@@ -1221,9 +1224,11 @@ impl crate::gemm::TmaTiles for ConvTma {
 /// filter windows (the forwards' im2col map of the NHWC x at `maps + 128`,
 /// but boxes of 64 windows × one tap's 64 channels), two per tile: GEMM
 /// columns `col..col + 64` and `col + 64..col + 128` of the group's
-/// `(kh·KW + kw)·Cg + c`, each within one tap since Cg is a multiple of
-/// 64. Columns past the group's `KH·KW·Cg` (half tiles) load tap 0 again
-/// and are not stored. K tiles `k_begin..k_end` of 64 pixels (this split
+/// `(kh·KW + kw)·Cgp + c`, Cgp being Cg rounded up to 64, so each box lies
+/// within one tap; where Cg is not a multiple of 64, a tap's columns past
+/// Cg read the next group's channels or zeros and are not summed. Columns
+/// past the group's `KH·KW·Cgp` (half tiles) load tap 0 again and are not
+/// stored. K tiles `k_begin..k_end` of 64 pixels (this split
 /// slice's); pixels past the batch read as zeros.
 #[cfg(feature = "wgmma")]
 struct ConvTmaFilter {
@@ -1232,6 +1237,8 @@ struct ConvTmaFilter {
     span: FilterSpan,
     /// A K tile's 64 pixels as output rows and columns: `(64 / OW, 64 % OW)`.
     step: (u32, u32),
+    /// A tap's columns, Cg rounded up to 64.
+    cgp: u32,
 }
 
 /// A TMA weight gradient's tile: its first filter row (of all groups'),
@@ -1249,14 +1256,15 @@ struct FilterSpan {
 }
 
 /// The column box `bx` columns after the one starting at tap (kh, kw),
-/// channel c (`bx` divides Cg): on to the next tap at the group's last
-/// channel, back to tap (0, 0) past the last tap (a half tile's columns
-/// past `KH·KW·Cg`, loaded but not stored). What `col / Cg` and `% Cg`
-/// would give, without dividing in the producer's loop.
+/// channel c, a tap having `cgp` columns (`bx` divides `cgp`): on to the
+/// next tap at its last column, back to tap (0, 0) past the last tap (a
+/// half tile's columns past `KH·KW·cgp`, loaded but not stored). What
+/// `col / cgp` and `% cgp` would give, without dividing in the producer's
+/// loop.
 #[cfg(feature = "wgmma")]
 #[inline(always)]
-fn next_box(s: &ConvShape, (kh, kw, c): (u32, u32, u32), bx: u32) -> (u32, u32, u32) {
-    if c + bx < s.cg() {
+fn next_box(s: &ConvShape, (kh, kw, c): (u32, u32, u32), bx: u32, cgp: u32) -> (u32, u32, u32) {
+    if c + bx < cgp {
         (kh, kw, c + bx)
     } else if kw + 1 < s.kw {
         (kh, kw + 1, 0)
@@ -1278,15 +1286,23 @@ struct PixelCursor {
 }
 
 /// Tile `[x, y, group·splits + slice]` of a TMA weight gradient over
-/// `k_tiles` K tiles cut into `splits` slices: its [`FilterSpan`] and the
-/// epilogue storing that slice's partial of dw into `ws`.
+/// `k_tiles` K tiles cut into `splits` slices, a tap having `cgp` columns:
+/// its [`FilterSpan`] and the epilogue storing that slice's partial of dw
+/// into `ws` in GEMM order.
 #[cfg(feature = "wgmma")]
 #[inline(always)]
-fn filter_span(s: ConvShape, ws: *mut f32, splits: u32, k_tiles: u32, [x, y, p]: [u32; 3]) -> (FilterSpan, StoreFilterGradNhwc<true>) {
+fn filter_span(
+    s: ConvShape,
+    ws: *mut f32,
+    splits: u32,
+    k_tiles: u32,
+    cgp: u32,
+    [x, y, p]: [u32; 3],
+) -> (FilterSpan, StoreFilterGradGemm) {
     let (g, slice) = (p / splits, p % splits);
     let chunk = k_tiles.div_ceil(splits);
     let k_begin = (slice * chunk).min(k_tiles);
-    let (tap, c) = (x * 128 / s.cg(), x * 128 % s.cg());
+    let (tap, c) = (x * 128 / cgp, x * 128 % cgp);
     let span = FilterSpan {
         row: g * s.fg() + y * 128,
         col: (tap / s.kw, tap % s.kw, c),
@@ -1294,10 +1310,10 @@ fn filter_span(s: ConvShape, ws: *mut f32, splits: u32, k_tiles: u32, [x, y, p]:
         k_begin,
         k_end: (k_begin + chunk).min(k_tiles),
     };
-    let n_len = s.cg() * s.kk();
+    let n_len = cgp * s.kk();
     let dw_len = s.c_out as usize * n_len as usize;
     let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
-    (span, StoreFilterGradNhwc::new(ws, offset, s))
+    (span, StoreFilterGradGemm { ws, offset, len: n_len })
 }
 
 #[cfg(feature = "wgmma")]
@@ -1338,7 +1354,7 @@ impl crate::gemm::TmaTiles for ConvTmaFilter {
                 let x = self.maps.add(128);
                 let at = b + 8192 * j;
                 tma_im2col_4d(at, x, (chan + c) as i32, iw, ih, t.img as i32, kw as u16, kh as u16, bar);
-                col = next_box(s, col, 64);
+                col = next_box(s, col, 64, self.cgp);
             }
         }
         t.p += 64;
@@ -1359,12 +1375,13 @@ impl crate::gemm::TmaTiles for ConvTmaFilter {
 /// operands fetched by the tensor memory accelerator ([`ConvTmaFilter`];
 /// `maps`: dy's and x's tensor maps), products MN-major
 /// (`gemm::gemm_tile_tma` with `MN`): tiles of 128 filters × 128 columns
-/// `(kh·KW + kw)·Cg + c` per group and split slice (⌈KH·KW·Cg/128⌉ ×
-/// ⌈Fg/128⌉ × G·splits of them, over a 1-D grid), each summing its slice of
-/// the ⌈N·OH·OW/64⌉ pixel tiles; partials stored like
-/// [`conv_backward_filter_nhwc_any`]'s (`ws[slice·len(dw) + idx(dw)]`, dw
-/// in `[F][Cg][KH][KW]`). `gemm::TMA_THREADS` threads,
-/// `gemm::tma_shared_bytes(stages)` bytes. Needs Cg and Fg multiples of 64.
+/// `(kh·KW + kw)·Cgp + c` per group and split slice (Cgp: Cg rounded up
+/// to 64; ⌈KH·KW·Cgp/128⌉ × ⌈Fg/128⌉ × G·splits of them, over a 1-D grid),
+/// each summing its slice of the ⌈N·OH·OW/64⌉ pixel tiles; partials
+/// stored in that GEMM order ([`StoreFilterGradGemm`], one slice too), for
+/// [`conv_backward_filter_sum`] to sum into dw. `gemm::TMA_THREADS`
+/// threads, `gemm::tma_shared_bytes(stages)` bytes. Needs Fg a multiple
+/// of 64 and Cg of 8.
 #[cfg(feature = "wgmma")]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn conv_backward_filter_nhwc16_bf16_wg_tma_big(
@@ -1375,12 +1392,13 @@ pub unsafe extern "ptx-kernel" fn conv_backward_filter_nhwc16_bf16_wg_tma_big(
     splits: u32,
 ) {
     let k_tiles = (s.n * s.oh * s.ow).div_ceil(64);
+    let cgp = s.cg().next_multiple_of(64);
     let tile = |t: [u32; 3]| {
-        let (span, e) = filter_span(s, ws, splits, k_tiles, t);
+        let (span, e) = filter_span(s, ws, splits, k_tiles, cgp, t);
         let step = (64 / s.ow, 64 % s.ow);
-        (ConvTmaFilter { maps, s, span, step }, e)
+        (ConvTmaFilter { maps, s, span, step, cgp }, e)
     };
-    let dims = [s.cg() * s.kk(), s.fg(), s.groups * splits];
+    let dims = [cgp * s.kk(), s.fg(), s.groups * splits];
     unsafe { crate::gemm::gemm_tile_tma::<_, _, _, true, true>(tile, dims, ring) };
 }
 
@@ -1437,7 +1455,7 @@ impl crate::gemm::TmaTiles for ConvTmaGrid {
                 let (kh, kw, c) = col;
                 let at = (*p + kh * self.wp) as i32;
                 tma_tile_2d(b + 128 * self.bx * j, x, at, (kw * s.c_in + chan + c) as i32, bar);
-                col = next_box(s, col, self.bx);
+                col = next_box(s, col, self.bx, s.cg());
             }
         }
         *p += 32;
@@ -1465,7 +1483,7 @@ pub unsafe extern "ptx-kernel" fn conv_backward_filter_grid_tf32_wg_tma_big(
 ) {
     let (k_tiles, boxes) = (len.div_ceil(32), 128 / bx);
     let tile = |t: [u32; 3]| {
-        let (span, e) = filter_span(s, ws, splits, k_tiles, t);
+        let (span, e) = filter_span(s, ws, splits, k_tiles, s.cg(), t);
         (ConvTmaGrid { maps, s, span, wp, bx, boxes }, e)
     };
     let dims = [s.cg() * s.kk(), s.fg(), s.groups * splits];
@@ -1824,41 +1842,87 @@ impl<const H: bool> VecOperand for NhwcPatchesT<H> {
 
 /// Stores a split-K partial of dw, whose GEMM column is `(kh·KW + kw)·Cg +
 /// c`, at `ws[slice·len(dw) + idx(dw)]` with dw in `[F][Cg][KH][KW]`.
-/// With `FAST`, a [`FastDiv`](crate::device::FastDiv) made once per tile
-/// divides by Cg (three instructions an element, not a `div.u32`'s
-/// twenty: the TMA weight gradients 8–19% faster on the H100); without,
-/// a plain division (the `mma.sync` kernels, whose main loops measured 3%
-/// slower holding the divisor's registers).
-struct StoreFilterGradNhwc<const FAST: bool> {
+struct StoreFilterGradNhwc {
     ws: *mut f32,
     offset: usize,
     s: ConvShape,
-    cg: crate::device::FastDiv,
 }
 
-impl<const FAST: bool> StoreFilterGradNhwc<FAST> {
-    #[inline(always)]
-    fn new(ws: *mut f32, offset: usize, s: ConvShape) -> Self {
-        let cg = if FAST {
-            crate::device::FastDiv::new(s.cg())
-        } else {
-            crate::device::FastDiv { d: 0, mul: 0, shr: 0 }
-        };
-        StoreFilterGradNhwc { ws, offset, s, cg }
-    }
-}
-
-impl<const FAST: bool> Epilogue for StoreFilterGradNhwc<FAST> {
+impl Epilogue for StoreFilterGradNhwc {
     #[inline(always)]
     unsafe fn store(&self, m: u32, n: u32, acc: f32) {
         let s = &self.s;
-        let (r, c) = if FAST {
-            self.cg.divmod(n)
-        } else {
-            (n / s.cg(), n % s.cg())
-        };
+        let (r, c) = (n / s.cg(), n % s.cg());
         let idx = self.offset + (m * s.cg() + c) as usize * s.kk() as usize + r as usize;
         unsafe { *self.ws.add(idx) = acc };
+    }
+}
+
+/// Stores a split-K partial of dw in the GEMM's own order, `ws[slice][f]
+/// [(kh·KW + kw)·Cgp + c]` (Cgp ≥ Cg columns a tap; `offset` = the
+/// slice's and the group's first row, `len` = KH·KW·Cgp a row), so that
+/// a warp's 32 consecutive columns are 128 consecutive bytes;
+/// [`conv_backward_filter_sum`] sums the slices into dw's `[F][Cg][KH][KW]`.
+#[cfg(feature = "wgmma")]
+struct StoreFilterGradGemm {
+    ws: *mut f32,
+    offset: usize,
+    len: u32,
+}
+
+#[cfg(feature = "wgmma")]
+impl Epilogue for StoreFilterGradGemm {
+    #[inline(always)]
+    unsafe fn store(&self, m: u32, n: u32, acc: f32) {
+        unsafe { *self.ws.add(self.offset + (m * self.len + n) as usize) = acc };
+    }
+}
+
+/// Sums `splits` partials of dw in GEMM order (`ws[slice][f][(kh·KW + kw)·
+/// cgp + c]`, as [`StoreFilterGradGemm`] writes them; columns `c ≥ cg` of
+/// a tap are not read) into dw in `[F][Cg][KH][KW]`, slices in a fixed
+/// order. Block (x, f) takes channels `x·chunk..` of filter f: it sums
+/// them tap by tap, reading along c, into shared memory `[KH·KW][chunk +
+/// 1]`, then writes dw's contiguous `(c, kh, kw)` run from there. Grid
+/// (⌈Cg/chunk⌉, F), any block size, `4·KH·KW·(chunk + 1)` bytes of
+/// dynamic shared memory; `kk` = KH·KW.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn conv_backward_filter_sum(
+    ws: *const f32,
+    dw: *mut f32,
+    f_total: u32,
+    cg: u32,
+    cgp: u32,
+    kk: FastDiv,
+    chunk: u32,
+    splits: u32,
+) {
+    let (f, c0) = (bid_y(), bid_x() * chunk);
+    let cn = chunk.min(cg - c0);
+    let row = (cg * kk.d) as usize;
+    let ws_len = f_total as usize * (cgp * kk.d) as usize;
+    let (sm, stride) = (shared::<f32>(), chunk + 1);
+    let src = unsafe { ws.add(f as usize * (cgp * kk.d) as usize + c0 as usize) };
+    for r in 0..kk.d {
+        let mut c = tid_x();
+        while c < cn {
+            let at = (r * cgp + c) as usize;
+            let mut sum = 0.0f32;
+            for p in 0..splits as usize {
+                sum += unsafe { *src.add(p * ws_len + at) };
+            }
+            unsafe { *sm.add((r * stride + c) as usize) = sum };
+            c += bdim_x();
+        }
+    }
+    crate::device::sync_threads();
+    let dst = unsafe { dw.add(f as usize * row + (c0 * kk.d) as usize) };
+    let mut i = tid_x();
+    while i < cn * kk.d {
+        let (c, r) = kk.divmod(i);
+        unsafe { *dst.add(i as usize) = *sm.add((r * stride + c) as usize) };
+        i += bdim_x();
     }
 }
 
@@ -1890,7 +1954,7 @@ unsafe fn conv_backward_filter_nhwc_any<const MODE: u8, const T: u8, const H: bo
         step: Step::with(vbk(H), s.oh, s.ow),
     };
     let offset = slice as usize * dw_len + (g * s.fg()) as usize * n_len as usize;
-    let e = StoreFilterGradNhwc::<false>::new(ws, offset, s);
+    let e = StoreFilterGradNhwc { ws, offset, s };
     unsafe { gemm_tile_v::<_, _, _, MODE, T, H>(&a, &b, &e, s.fg(), n_len, k_begin, k_end) };
 }
 

@@ -743,6 +743,27 @@ pub unsafe fn tma_tile_2d(dst: u32, map: *const u8, x: i32, y: i32, bar: u32) {
     };
 }
 
+/// A tile of a 3-D tensor (the box of the tensor map at global address
+/// `map`, whose coordinates are `x` along the rows, then `y`, then `z`)
+/// into shared memory at `dst` by the tensor memory accelerator, completing
+/// as bytes on the barrier at `bar`; elements past the tensor's bounds
+/// arrive as zeros.
+#[inline(always)]
+pub unsafe fn tma_tile_3d(dst: u32, map: *const u8, x: i32, y: i32, z: i32, bar: u32) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}];",
+            d = in(reg32) dst,
+            m = in(reg64) map,
+            x = in(reg32) x,
+            y = in(reg32) y,
+            z = in(reg32) z,
+            b = in(reg32) bar,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
 /// An im2col load of a 4-D NHWC tensor (the tensor map at global address
 /// `map`): `pixels` (the map's) consecutive filter windows from the one
 /// whose corner is at `(w, h)` of image `n`, each contributing the channels

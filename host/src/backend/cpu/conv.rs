@@ -204,6 +204,39 @@ pub fn conv_backward_bias(g: &ConvGeom, dy: &[f32], db: &mut [f32]) {
     });
 }
 
+/// The split-K sum of the TMA weight gradients (twin of the GPU's
+/// `conv_backward_filter_sum`): `dw[f, c, kh, kw] = Σ_slice ws[slice][f]
+/// [(kh·KW + kw)·cgp + c]`, the partials in GEMM order with `cgp` ≥ Cg
+/// columns a tap (those past Cg unread), `splits` of them.
+pub fn conv_backward_filter_sum(
+    g: &ConvGeom,
+    cgp: usize,
+    ws: &[f32],
+    dw: &mut [f32],
+    splits: usize,
+) {
+    check_geom(g);
+    let (kk, cg) = (g.k_h * g.k_w, g.c_in / g.groups);
+    assert!(
+        cgp >= cg,
+        "{cgp} columns a tap, fewer than the {cg} channels of a group"
+    );
+    let len = g.c_out * kk * cgp;
+    check_len("dw", dw.len(), g.w_len());
+    check_len("ws", ws.len(), len * splits);
+    if dw.is_empty() {
+        return;
+    }
+    dw.par_chunks_mut(cg * kk).enumerate().for_each(|(f, row)| {
+        for (i, out) in row.iter_mut().enumerate() {
+            let (c, tap) = (i / kk, i % kk);
+            let at = f * cgp * kk + tap * cgp + c;
+            let sum: f64 = (0..splits).map(|p| ws[p * len + at] as f64).sum();
+            *out = sum as f32;
+        }
+    });
+}
+
 /// The column product of the data gradient by columns (twin of the GPU's
 /// `conv_backward_data_cols`), for images `imgs` of dy: `cols[img][(c, kh,
 /// kw)][oh·OW + ow] = Σ_f w[g·Fg+f, c, kh, kw] · dy[img, g·Fg+f, oh, ow]`,

@@ -270,6 +270,60 @@ fn conv_data_by_columns_matches_direct() {
     }
 }
 
+/// The weight gradient as the TMA kernels make it: per slice of images,
+/// its partial in GEMM order `[f][(kh·KW + kw)·cgp + c]` (cgp = Cg, or
+/// more with poisoned columns past Cg); the sum of the slices
+/// (`conv_backward_filter_sum`) equals the direct weight gradient of the
+/// whole batch (groups 2, a 3×4 window, one slice and three).
+#[test]
+fn conv_filter_sum_of_gemm_ordered_slices_matches_direct() {
+    let mut r = rng(8);
+    let g = ConvGeom {
+        n: 3,
+        c_in: 6,
+        h: 7,
+        w: 9,
+        c_out: 4,
+        k_h: 3,
+        k_w: 4,
+        stride: 1,
+        pad: 1,
+        groups: 2,
+    };
+    let (x, dy) = (
+        random_vec(&mut r, g.x_len(), 1.0),
+        random_vec(&mut r, g.y_len(), 1.0),
+    );
+    let mut want = poisoned(g.w_len());
+    conv::conv_backward_filter(&g, &x, &dy, &mut want);
+    let (kk, cg) = (g.k_h * g.k_w, g.c_in / g.groups);
+    let one_slice: Vec<std::ops::Range<usize>> = std::iter::once(0..3).collect();
+    for (slices, cgp) in [(one_slice, cg), (vec![0..1, 1..2, 2..3], cg + 5)] {
+        let mut ws = Vec::new();
+        for imgs in &slices {
+            let gs = ConvGeom { n: imgs.len(), ..g };
+            let xs = &x[imgs.start * g.c_in * g.h * g.w..imgs.end * g.c_in * g.h * g.w];
+            let per = g.c_out * g.out_h() * g.out_w();
+            let dys = &dy[imgs.start * per..imgs.end * per];
+            let mut part = poisoned(g.w_len());
+            conv::conv_backward_filter(&gs, xs, dys, &mut part);
+            let mut gemm = poisoned(g.c_out * kk * cgp);
+            for f in 0..g.c_out {
+                for c in 0..cg {
+                    for tap in 0..kk {
+                        gemm[(f * kk + tap) * cgp + c] = part[(f * cg + c) * kk + tap];
+                    }
+                }
+            }
+            ws.extend(gemm);
+        }
+        let mut got = poisoned(g.w_len());
+        conv::conv_backward_filter_sum(&g, cgp, &ws, &mut got, slices.len());
+        let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+        assert_close("conv dw from GEMM-ordered slices", &got, &want, 1e-5);
+    }
+}
+
 // ---------------------------------------------------------------- fc
 
 #[test]

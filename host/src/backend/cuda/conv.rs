@@ -1020,6 +1020,7 @@ fn filter_plan(be: &CudaBackend, g: &ConvGeom) -> FilterPlan {
             Some((_, _, len)) if !half => len,
             _ => k,
         };
+        let n_len = g.k_h * g.k_w * tma_filter_cgp(g, half);
         let tiles = n_len.div_ceil(128) * m.div_ceil(128) * g.groups;
         let splits = tma_filter_splits(tiles, k, be.sm_count() as usize);
         let cfg = LaunchConfig {
@@ -1125,8 +1126,10 @@ fn filter_grid(
             let maps = be.conv_tma_maps(g, TmaProduct::Grid, xg, dg, false)?;
             let (cfg, ring) = be.tma_cfg(name, f.plan.cfg)?;
             let (wp, len) = (gx.wp as u32, gx.len as u32);
-            split_into(
+            split_gemm_order(
                 be,
+                g,
+                tma_filter_cgp(g, false),
                 dw,
                 splits,
                 &what,
@@ -1235,9 +1238,88 @@ fn split_into(
     })
 }
 
+/// Columns a tap of the TMA weight gradients' GEMM has: a group's
+/// channels, rounded up to the bf16 kernel's 64-channel boxes.
+fn tma_filter_cgp(g: &ConvGeom, half: bool) -> usize {
+    let cg = g.c_in / g.groups;
+    if half { cg.next_multiple_of(64) } else { cg }
+}
+
+/// Runs `product` (a TMA weight-gradient launch writing `splits` K
+/// slices' partials of dw in GEMM order, `[slice][f][(kh·KW + kw)·cgp +
+/// c]`) into the split-K workspace, one slice too, then sums and permutes
+/// them into dw with `conv_backward_filter_sum`.
+#[allow(clippy::too_many_arguments)] // the product's shape and output
+fn split_gemm_order(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    cgp: usize,
+    dw: &mut CudaSlice<f32>,
+    splits: u32,
+    what: &dyn Fn() -> String,
+    product: impl FnOnce(&mut CudaSlice<f32>) -> Result<()>,
+) -> Result<()> {
+    let len = g.c_out * g.k_h * g.k_w * cgp;
+    be.with_workspace(len * splits as usize, |ws| {
+        product(&mut *ws)?;
+        filter_sum(be, g, cgp, ws, dw, splits, what)
+    })
+}
+
+/// Channels of a filter row per block of `conv_backward_filter_sum` for
+/// `kk` taps and `cg` channels a group: its shared `[kk][chunk + 1]` sums
+/// within 32 KiB, in whole warps where that allows.
+fn filter_sum_chunk(kk: usize, cg: usize) -> usize {
+    let fit = (8192 / kk).max(1);
+    let chunk = if fit >= 32 { fit / 32 * 32 } else { fit };
+    chunk.min(cg)
+}
+
+/// `conv_backward_filter_sum`: dw (`[F][Cg][KH][KW]`) as the sum of the
+/// `splits` GEMM-ordered partials at the start of `ws` (which may be
+/// longer), `cgp` ≥ Cg columns a tap.
+pub(super) fn filter_sum(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    cgp: usize,
+    ws: &CudaSlice<f32>,
+    dw: &mut CudaSlice<f32>,
+    splits: u32,
+    what: &dyn Fn() -> String,
+) -> Result<()> {
+    check_len("conv_backward_filter_sum dw", dw, g.w_len())?;
+    if cgp < g.c_in / g.groups {
+        anyhow::bail!(
+            "conv_backward_filter_sum: {cgp} columns a tap, fewer than a group's channels ({g:?})"
+        );
+    }
+    let need = g.c_out * g.k_h * g.k_w * cgp * splits as usize;
+    if ws.len() < need {
+        anyhow::bail!(
+            "conv_backward_filter_sum ws: buffer holds {} floats, {splits} slices of the shape need {need}",
+            ws.len()
+        );
+    }
+    let (kk, cg) = (g.k_h * g.k_w, g.c_in / g.groups);
+    let chunk = filter_sum_chunk(kk, cg);
+    if 4 * kk * (chunk + 1) > 48 << 10 {
+        anyhow::bail!(
+            "conv_backward_filter_sum: {kk} taps a filter need more than 48 KiB of shared memory ({g:?})"
+        );
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (cg.div_ceil(chunk) as u32, g.c_out as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: (4 * kk * (chunk + 1)) as u32,
+    };
+    let (f, cg32, cgp32, chunk32) = (g.c_out as u32, cg as u32, cgp as u32, chunk as u32);
+    let kk32 = super::FastDiv::new(kk as u32);
+    launch!(be, "conv_backward_filter_sum", cfg, what; ws, dw, &f, &cg32, &cgp32, &kk32, &chunk32, &splits)
+}
+
 /// [`filter_launch`] for the TMA weight gradient: its tensor maps (x's
-/// NHWC bf16 copy `xc`, dy's `dyt`) and its ring, then the same split-K
-/// reduction.
+/// NHWC bf16 copy `xc`, dy's `dyt`) and its ring, then the split-K sum in
+/// GEMM order ([`split_gemm_order`]).
 #[allow(clippy::too_many_arguments)] // the product's operands and plan
 fn filter_launch_tma(
     be: &CudaBackend,
@@ -1252,8 +1334,10 @@ fn filter_launch_tma(
 ) -> Result<()> {
     let maps = be.conv_tma_maps(g, TmaProduct::Filter, xc, dyt, true)?;
     let (cfg, ring) = be.tma_cfg(plan.name, plan.cfg)?;
-    split_into(
+    split_gemm_order(
         be,
+        g,
+        tma_filter_cgp(g, true),
         dw,
         splits,
         what,

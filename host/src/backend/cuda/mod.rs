@@ -73,6 +73,7 @@ const KERNELS: &[&str] = &[
     "conv_backward_data_cols_tf32_wide",
     "conv_backward_data_cols_bf16_wide",
     "conv_cols_sum",
+    "conv_backward_filter_sum",
     "conv_forward_nhwc_tf32",
     "conv_forward_nhwc_bf16",
     "conv_forward_nhwc_tf32_wide",
@@ -1277,6 +1278,23 @@ impl CudaBackend {
         g: &crate::backend::GridGeom,
     ) -> Result<()> {
         layout::pixel_grid_tf32(self, src, dst, g)
+    }
+
+    /// `conv_backward_filter_sum`: dw of `g` (`[F][Cg][KH][KW]`) as the sum
+    /// of `splits` partials in GEMM order at the start of `ws`
+    /// (`[slice][f][(kh·KW + kw)·cgp + c]`, `cgp` ≥ Cg columns a tap, as
+    /// the TMA weight gradients write them).
+    pub fn conv_backward_filter_sum(
+        &self,
+        g: &ConvGeom,
+        cgp: usize,
+        ws: &CudaSlice<f32>,
+        dw: &mut CudaSlice<f32>,
+        splits: u32,
+    ) -> Result<()> {
+        conv::filter_sum(self, g, cgp, ws, dw, splits, &|| {
+            format!("{g:?} splits={splits}")
+        })
     }
 
     /// `src` rounded to bf16 into `dst` (raw storage, two values per float).

@@ -59,8 +59,9 @@ fn elem(half: bool) -> usize {
 }
 
 /// Why `g` cannot run on the TMA conv forward in this precision (`None`:
-/// it can). A K tile is one tap's 128 bytes of a group's channels, and
-/// the im2col map's corners and strides have hardware limits.
+/// it can). A K tile is one tap's 128 bytes of a group's channels (a
+/// group's last tile of a tap padded with zero terms: [`tap_tiles_fit`]),
+/// and the im2col map's corners and strides have hardware limits.
 pub(super) fn conv_forward_unfit(g: &ConvGeom, half: bool) -> Option<&'static str> {
     unfit(g, g.c_in / g.groups, half)
 }
@@ -81,8 +82,8 @@ pub(super) fn conv_data_unfit(g: &ConvGeom, half: bool) -> Option<&'static str> 
 
 /// Why `g`'s weight gradient cannot run on the TMA kernels (`None`: it
 /// can). bf16 (MN-major tiles straight from the NHWC copies): a group's
-/// channels and filters in whole 64-element boxes, and the forward's
-/// im2col limits. TF32 (whose `wgmma` reads K-major tiles only, so both
+/// filters in whole 64-element boxes, its channels in 64-channel boxes a
+/// tap as [`tap_tiles_fit`] allows, and the forward's im2col limits. TF32 (whose `wgmma` reads K-major tiles only, so both
 /// operands are copied onto the padded pixel grid): stride 1, a group's
 /// channels in boxes of 8 to 128 ([`grid_box`]), and a grid whose pixel
 /// indices fit the copy engine's 32-bit coordinates.
@@ -94,8 +95,8 @@ pub(super) fn conv_filter_unfit(g: &ConvGeom, half: bool) -> Option<&'static str
             Some((_, _, len)) if len >= 1 << 31 => Some("a pixel grid past 2^31 pixels"),
             Some(_) => None,
         }
-    } else if !(g.c_in / g.groups).is_multiple_of(64) || !(g.c_out / g.groups).is_multiple_of(64) {
-        Some("a group's channels or filters are not a multiple of 64")
+    } else if !(g.c_out / g.groups).is_multiple_of(64) {
+        Some("a group's filters are not a multiple of 64")
     } else {
         unfit(g, g.c_in / g.groups, half)
     }
@@ -111,9 +112,21 @@ pub(super) fn grid_box(g: &ConvGeom) -> Option<usize> {
         .find(|&b| cg.is_multiple_of(b))
 }
 
+/// Whether `bytes` of a group's channels (or filters) a tap fill whole
+/// 128-byte K tiles, or enough of their last: at least three quarters of
+/// the tiles' bytes (AlexNet's conv2, 48 channels a group: 96 of 128
+/// bytes in bf16, 192 of 256 in TF32), in 16-byte steps (the maps' row
+/// strides). The zero terms cost their share of the tensor-core work.
+fn tap_tiles_fit(bytes: usize) -> bool {
+    bytes.is_multiple_of(16) && 4 * bytes >= 3 * bytes.next_multiple_of(128)
+}
+
 fn unfit(g: &ConvGeom, chans: usize, half: bool) -> Option<&'static str> {
-    if !(chans * elem(half)).is_multiple_of(128) {
-        Some("a group's channels are not a multiple of 128 bytes")
+    let e = elem(half);
+    if !tap_tiles_fit(chans * e) {
+        Some("a group's channels fill under 3/4 of their 128-byte K tiles (or not 16-byte steps)")
+    } else if !(g.c_in * e).is_multiple_of(16) || !(g.c_out * e).is_multiple_of(16) {
+        Some("channels not in 16-byte steps")
     } else if g.pad > 127 || g.k_h.max(g.k_w) > 256 || g.k_h.max(g.k_w) > g.pad + 129 {
         // The corners −pad and pad − (K − 1) lie in −128..=127; the taps'
         // offsets below 256.
@@ -131,18 +144,35 @@ fn encode_err(what: &str, g: &ConvGeom, r: sys::CUresult) -> anyhow::Error {
     anyhow::anyhow!("encoding the TMA {what} map for {g:?} failed: {r:?}")
 }
 
-/// The weights as a 2-D map with 128 × 128-byte boxes: `[F][KH·KW·Cg]`
-/// (forward) or `[G·Cg][KH·KW·Fg]` (data gradient); for the weight
-/// gradient, dy (NHWC) as `[N·OH·OW][F]` with boxes of 64 pixels × 128
-/// bytes (64 filters).
+/// The weights as a 3-D map `[F][KH·KW][Cg]` (forward) or `[G·Cg][KH·KW]
+/// [Fg]` (data gradient) with boxes of 128 rows × one tap × 128 bytes
+/// (zeros past a tap's channels); for the weight gradient, dy (NHWC) as
+/// a 2-D `[N·OH·OW][F]` with boxes of 64 pixels × 128 bytes (64 filters).
 fn weights_map(g: &ConvGeom, p: TmaProduct, wt: u64, half: bool) -> Result<sys::CUtensorMap> {
+    let kk = g.k_h * g.k_w;
     let (rows, row_len, box_rows) = match p {
-        TmaProduct::Forward => (g.c_out, g.k_h * g.k_w * (g.c_in / g.groups), 128),
-        TmaProduct::Data => (g.c_in, g.k_h * g.k_w * (g.c_out / g.groups), 128),
+        TmaProduct::Forward => return taps_map(g, wt, [g.c_out, kk, g.c_in / g.groups], half),
+        TmaProduct::Data => return taps_map(g, wt, [g.c_in, kk, g.c_out / g.groups], half),
         TmaProduct::Filter => (g.n * g.out_h() * g.out_w(), g.c_out, 64),
         TmaProduct::Grid => (g.c_out, grid_len(g)?, 128),
     };
     tiled_map(g, "weights", wt, [rows, row_len, box_rows], half)
+}
+
+/// A row-major `rows × taps × chans` tensor at `at` as a 3-D map with
+/// boxes of 128 rows × one tap × 128 bytes of channels, 128-byte swizzled:
+/// in shared memory the same 128 × 128-byte tile as [`tiled_map`]'s.
+fn taps_map(
+    g: &ConvGeom,
+    at: u64,
+    [rows, taps, chans]: [usize; 3],
+    half: bool,
+) -> Result<sys::CUtensorMap> {
+    let e = elem(half);
+    let dims = [chans as u64, taps as u64, rows as u64];
+    let strides = [(chans * e) as u64, (taps * chans * e) as u64];
+    let boxes = [(128 / e) as u32, 1, 128];
+    encode_tiled(g, "weights", at, &dims, &strides, &boxes, half)
 }
 
 /// The TF32 grid weight gradient's x: its KW shifted grids `[KW][C][len]`
@@ -172,15 +202,32 @@ fn tiled_map(
     let dims = [row_len as u64, rows as u64];
     let strides = [(row_len * e) as u64];
     let boxes = [(128 / e) as u32, box_rows as u32];
-    let ones = [1u32, 1];
+    encode_tiled(g, what, at, &dims, &strides, &boxes, half)
+}
+
+/// `cuTensorMapEncodeTiled` of the tensor at `at` (rank `dims.len()`,
+/// `strides` in bytes between rows of each dimension past the first),
+/// boxes of `boxes` elements, 128-byte swizzled, zeros past the bounds.
+fn encode_tiled(
+    g: &ConvGeom,
+    what: &str,
+    at: u64,
+    dims: &[u64],
+    strides: &[u64],
+    boxes: &[u32],
+    half: bool,
+) -> Result<sys::CUtensorMap> {
+    let rank = dims.len();
+    assert!(strides.len() + 1 == rank && boxes.len() == rank && (1..=5).contains(&rank));
+    let ones = [1u32; 5];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-    // SAFETY: every array has the rank's length (strides one less); the
-    // driver only encodes, reading nothing at `wt`.
+    // SAFETY: every array has the rank's length (strides one less, checked
+    // above); the driver only encodes, reading nothing at `at`.
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
             data_type(half),
-            2,
+            rank as u32,
             at as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),
@@ -467,9 +514,10 @@ mod tests {
         geom(128, c_in, 13, 13, c_out, (k, k), stride, pad, groups)
     }
 
-    /// AlexNet's conv3–5 take the TMA forward in TF32 and bf16 (their
-    /// groups' 256 and 192 channels are whole 128-byte K tiles); conv1 (3
-    /// channels) and conv2 (48 a group) do not, nor does a stride past 8.
+    /// AlexNet's conv2–5 take the TMA forward in TF32 and bf16 (conv3–5's
+    /// groups' 256 and 192 channels are whole 128-byte K tiles, conv2's 48
+    /// three quarters of theirs); conv1 (3 channels) does not, nor does a
+    /// stride past 8.
     #[test]
     fn tma_forward_fits_alexnet_conv3_to_5() {
         for half in [false, true] {
@@ -485,8 +533,13 @@ mod tests {
                 conv_forward_unfit(&alexnet(384, 256, 3, 1, 1, 2), half),
                 None
             );
+            assert_eq!(
+                conv_forward_unfit(&alexnet(96, 256, 5, 1, 2, 2), half),
+                None
+            );
             assert!(conv_forward_unfit(&alexnet(3, 96, 11, 4, 2, 1), half).is_some());
-            assert!(conv_forward_unfit(&alexnet(96, 256, 5, 1, 2, 2), half).is_some());
+            // 40 channels: 80 of 128 bytes (bf16), 160 of 256 (TF32).
+            assert!(conv_forward_unfit(&alexnet(40, 64, 3, 1, 1, 1), half).is_some());
             assert!(conv_forward_unfit(&alexnet(256, 256, 3, 9, 1, 1), half).is_some());
         }
         // Data gradients: conv3–5 (stride 1, pad 1 < 3), not conv1 (stride 4).
@@ -497,7 +550,8 @@ mod tests {
             assert!(conv_data_unfit(&alexnet(3, 96, 11, 4, 2, 1), half).is_some());
             assert!(conv_data_unfit(&alexnet(256, 384, 3, 1, 3, 1), half).is_some());
         }
-        // Weight gradients in bf16: channels and filters in 64s (conv3–5).
+        // Weight gradients in bf16: filters in 64s, channels filling 3/4 of
+        // their 64-channel boxes or more (conv2–5).
         assert_eq!(
             conv_filter_unfit(&alexnet(256, 384, 3, 1, 1, 1), true),
             None
@@ -510,7 +564,7 @@ mod tests {
             conv_filter_unfit(&alexnet(384, 256, 3, 1, 1, 2), true),
             None
         );
-        assert!(conv_filter_unfit(&alexnet(96, 256, 5, 1, 2, 2), true).is_some());
+        assert_eq!(conv_filter_unfit(&alexnet(96, 256, 5, 1, 2, 2), true), None);
         // TF32, over the padded pixel grid: stride 1 and channels in eights
         // (conv2–5), not conv1.
         for conv in [
