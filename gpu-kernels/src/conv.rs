@@ -17,10 +17,11 @@
 //! shared memory.
 //!
 //! The channels-last kernels (`*_nhwc*`, `*_rows*`) read NHWC copies on the
-//! vector and warpgroup engines; on Hopper the 128×128 forwards and
-//! stride-1 data gradients whose groups have whole 128-byte K tiles also
-//! come fed by the tensor memory accelerator (`*_wg_tma_big`, [`ConvTma`]:
-//! the im2col is done by the copy engine, from tensor maps the host makes).
+//! vector and warpgroup engines; on Hopper the 128×128 forwards, stride-1
+//! data gradients and bf16 weight gradients whose groups' channels fill a
+//! tap's 128-byte K tiles (at least three quarters of the last) also come
+//! fed by the tensor memory accelerator (`*_wg_tma_big`, [`ConvTma`]: the
+//! im2col is done by the copy engine, from tensor maps the host makes).
 
 use crate::device::{FastDiv, bdim_x, bid_x, bid_y, bid_z, block_sum, grid_stride, shared, tid_x};
 use crate::gemm::{
