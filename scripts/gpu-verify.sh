@@ -22,7 +22,8 @@
 # it and with 128×128 tiles forced, on and off TMA; host bench with
 # ALEXNET_TMA=0, ALEXNET_TMA_DATA=0 and ALEXNET_TMA_EPILOGUE=direct; the
 # TMA weight gradients, bf16 by default, ALEXNET_TMA_FILTER=0 none and =1
-# TF32 too; the stages and resident
+# TF32 too, =wide TF32's where a group has more than 128 filters; the
+# stages and resident
 # blocks,
 # ALEXNET_TMA_STAGES and _PERSISTENT, over $STAGES and $RESIDENT);
 # COMPARE=1 issue 4's table (ours and PyTorch's, in $OUT/logs/table). Steps that
@@ -135,6 +136,10 @@ if [ "${TMA:-0}" = 1 ]; then
     r bench-$p-tma-filter 60 env ALEXNET_TMA_FILTER=1 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
     r bench-$p-no-tma-filter 60 env ALEXNET_TMA_FILTER=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
+  # TF32's grid kernel only where a group has more than 128 filters
+  # (conv3–4), between two runs of the default.
+  r bench-tf32-wide 60 env ALEXNET_TMA_FILTER=wide $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision tf32
+  r bench-tf32-bf16-filter 60 env ALEXNET_TMA_FILTER=bf16 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision tf32
   # ncu on conv3's TMA weight gradients (bf16, and TF32 over the grid).
   for p in bf16 tf32; do
     r ncu-tma-filter-$p 90 env ALEXNET_TMA_FILTER=1 ncu --clock-control none -k regex:conv_backward_filter_.*_wg_tma_big -c 1 \

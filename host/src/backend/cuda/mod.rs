@@ -294,7 +294,7 @@ fn gpu_err(e: DriverError) -> anyhow::Error {
 }
 
 /// Which weight gradients run on the TMA-fed `wgmma` kernel
-/// (`ALEXNET_TMA_FILTER`: `0`, `bf16` (the default) or `1`/`all`).
+/// (`ALEXNET_TMA_FILTER`: `0`, `bf16` (the default), `wide` or `1`/`all`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TmaFilter {
     /// None: the `mma.sync` kernels.
@@ -302,8 +302,13 @@ pub enum TmaFilter {
     /// The bf16 ones (MN-major tiles of dy and x's windows): conv3–5
     /// 11–26% faster per layer, the bf16 step 3–5% (H100, benches/NOTES.md).
     Bf16,
-    /// The TF32 ones too, over the padded pixel grid: correct, but only
-    /// conv3's is faster and the step is 3% slower (H100), so opt-in.
+    /// The bf16 ones, and the TF32 ones where a group has more than 128
+    /// filters (conv3–4): the grid path's copies of x are shared by more
+    /// than one 128-row tile of filters there, and those two layers'
+    /// weight gradients were faster on it (H100, benches/NOTES.md).
+    Wide,
+    /// The TF32 ones too, over the padded pixel grid: correct, but conv2's
+    /// and conv5's are slower and so is the step (H100), so opt-in.
     All,
 }
 
@@ -313,8 +318,9 @@ impl TmaFilter {
         Ok(match v.as_deref() {
             Some("0") => Self::Off,
             None | Some("bf16") => Self::Bf16,
+            Some("wide") => Self::Wide,
             Some("1" | "all") => Self::All,
-            Some(v) => bail!("ALEXNET_TMA_FILTER must be 0, bf16, 1 or all, got {v:?}"),
+            Some(v) => bail!("ALEXNET_TMA_FILTER must be 0, bf16, wide, 1 or all, got {v:?}"),
         })
     }
 }
@@ -1032,6 +1038,7 @@ impl CudaBackend {
         let on = match self.tma_filter {
             TmaFilter::Off => false,
             TmaFilter::Bf16 => half,
+            TmaFilter::Wide => half || g.c_out / g.groups > 128,
             TmaFilter::All => true,
         };
         if !on || tma::conv_filter_unfit(g, half).is_some() {
@@ -1974,6 +1981,7 @@ mod tests {
         assert_eq!(parse(None).unwrap(), TmaFilter::Bf16);
         assert_eq!(parse(Some("bf16")).unwrap(), TmaFilter::Bf16);
         assert_eq!(parse(Some("0")).unwrap(), TmaFilter::Off);
+        assert_eq!(parse(Some("wide")).unwrap(), TmaFilter::Wide);
         assert_eq!(parse(Some("1")).unwrap(), TmaFilter::All);
         assert_eq!(parse(Some("all")).unwrap(), TmaFilter::All);
         let e = parse(Some("tf32")).unwrap_err().to_string();
