@@ -294,7 +294,7 @@ fn gpu_err(e: DriverError) -> anyhow::Error {
 }
 
 /// Which weight gradients run on the TMA-fed `wgmma` kernel
-/// (`ALEXNET_TMA_FILTER`: `0`, `bf16` (the default), `wide` or `1`/`all`).
+/// (`ALEXNET_TMA_FILTER`: `0`, `bf16`, `wide` (the default) or `1`/`all`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TmaFilter {
     /// None: the `mma.sync` kernels.
@@ -302,10 +302,11 @@ pub enum TmaFilter {
     /// The bf16 ones (MN-major tiles of dy and x's windows): conv3–5
     /// 11–26% faster per layer, the bf16 step 3–5% (H100, benches/NOTES.md).
     Bf16,
-    /// The bf16 ones, and the TF32 ones where a group has more than 128
-    /// filters (conv3–4): the grid path's copies of x are shared by more
-    /// than one 128-row tile of filters there, and those two layers'
-    /// weight gradients were faster on it (H100, benches/NOTES.md).
+    /// The bf16 ones, and the TF32 ones over the padded pixel grid where a
+    /// group has more than 128 filters (conv3–4), whose copies of x are
+    /// then shared by more than one 128-row tile of filters: conv3's TF32
+    /// weight gradient 0.41 → 0.29 ms and the TF32 step 2% faster (H200,
+    /// benches/NOTES.md).
     Wide,
     /// The TF32 ones too, over the padded pixel grid: correct, but conv2's
     /// and conv5's are slower and so is the step (H100), so opt-in.
@@ -317,8 +318,8 @@ impl TmaFilter {
     pub fn parse(v: Option<String>) -> Result<Self> {
         Ok(match v.as_deref() {
             Some("0") => Self::Off,
-            None | Some("bf16") => Self::Bf16,
-            Some("wide") => Self::Wide,
+            Some("bf16") => Self::Bf16,
+            None | Some("wide") => Self::Wide,
             Some("1" | "all") => Self::All,
             Some(v) => bail!("ALEXNET_TMA_FILTER must be 0, bf16, wide, 1 or all, got {v:?}"),
         })
@@ -449,7 +450,7 @@ pub struct CudaBackend {
     /// TF32 data gradient 0.38 → 0.21 ms on the H100 (benches/NOTES.md).
     tma_data: bool,
     /// Which weight gradients whose shape allows it run on the TMA
-    /// kernels ([`TmaFilter`]; bf16 by default on Hopper).
+    /// kernels ([`TmaFilter`]; `Wide` by default on Hopper).
     tma_filter: TmaFilter,
     /// The TMA kernels' tensor maps (`tma.rs`).
     tma_maps: Mutex<tma::TmaMaps>,
@@ -1973,12 +1974,12 @@ impl CudaBackend {
 mod tests {
     use super::{FastDiv, KERNELS, TmaFilter, WG_KERNELS};
 
-    /// `ALEXNET_TMA_FILTER`: bf16 unless set; a value it does not know is
+    /// `ALEXNET_TMA_FILTER`: wide unless set; a value it does not know is
     /// an error that names it.
     #[test]
     fn tma_filter_setting() {
         let parse = |v: Option<&str>| TmaFilter::parse(v.map(String::from));
-        assert_eq!(parse(None).unwrap(), TmaFilter::Bf16);
+        assert_eq!(parse(None).unwrap(), TmaFilter::Wide);
         assert_eq!(parse(Some("bf16")).unwrap(), TmaFilter::Bf16);
         assert_eq!(parse(Some("0")).unwrap(), TmaFilter::Off);
         assert_eq!(parse(Some("wide")).unwrap(), TmaFilter::Wide);
