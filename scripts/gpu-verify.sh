@@ -204,6 +204,7 @@ if [ "${COMPARE:-0}" = 1 ]; then
   # bf16, then PyTorch's on the same GPU; the files benches/compare_table.py
   # reads, in $L/table/.
   T=$L/table; mkdir -p $T
+  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; env | grep '^ALEXNET_' | sort; } > $T/settings.txt
   for p in tf32 bf16; do
     r compare-ours-$p 90 $H bench configs/alexnet.json --batch-size 128,256 --profile --precision $p --device cuda --json $T/bench-$p.json
     r compare-kernels-$p 120 env ALEXNET_BENCH_JSON=$T/kernels-$p.json .gpf/bin/kernels $p
