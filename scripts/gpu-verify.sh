@@ -21,7 +21,8 @@
 # under memcheck and racecheck too; `kernels conv_forward` as the step runs
 # it and with 128×128 tiles forced, on and off TMA; host bench with
 # ALEXNET_TMA=0, ALEXNET_TMA_DATA=0 and ALEXNET_TMA_EPILOGUE=direct; the
-# TMA weight gradients, bf16 by default, ALEXNET_TMA_FILTER=0 none and =1
+# TMA weight gradients (=wide by default: bf16's, and TF32's where a group
+# has more than 128 filters), ALEXNET_TMA_FILTER=0 none and =1
 # TF32 too, =wide TF32's where a group has more than 128 filters; the
 # stages and resident
 # blocks,
@@ -120,7 +121,7 @@ if [ "${TMA:-0}" = 1 ]; then
   for p in tf32 bf16; do
     r bench-$p-direct 60 env ALEXNET_TMA_EPILOGUE=direct $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
-  # The TMA weight gradients (bf16 by default; ALEXNET_TMA_FILTER=1 adds
+  # The TMA weight gradients (=wide by default; ALEXNET_TMA_FILTER=1 adds
   # TF32's, over the padded pixel grid): their checks, then their speed
   # against the mma.sync kernels (=0) and the step with and without them.
   r conv_tma_filter 120 .gpf/bin/gpu_ops conv_tma_filter pixel_grid
@@ -137,7 +138,7 @@ if [ "${TMA:-0}" = 1 ]; then
     r bench-$p-no-tma-filter 60 env ALEXNET_TMA_FILTER=0 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
   # TF32's grid kernel only where a group has more than 128 filters
-  # (conv3–4), between two runs of the default.
+  # (conv3–4; =wide, the default), then none of TF32's on it (=bf16).
   r bench-tf32-wide 60 env ALEXNET_TMA_FILTER=wide $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision tf32
   r bench-tf32-bf16-filter 60 env ALEXNET_TMA_FILTER=bf16 $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision tf32
   # ncu on conv3's TMA weight gradients (bf16, and TF32 over the grid).
