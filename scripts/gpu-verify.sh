@@ -22,10 +22,8 @@
 # it and with 128×128 tiles forced, on and off TMA; host bench with
 # ALEXNET_TMA=0, ALEXNET_TMA_DATA=0 and ALEXNET_TMA_EPILOGUE=direct; the
 # TMA weight gradients (=wide by default: bf16's, and TF32's where a group
-# has more than 128 filters), ALEXNET_TMA_FILTER=0 none and =1
-# TF32 too, =wide TF32's where a group has more than 128 filters; the
-# stages and resident
-# blocks,
+# has more than 128 filters), ALEXNET_TMA_FILTER=0 none, =bf16 bf16's
+# only and =1 every TF32 one too; the stages and resident blocks,
 # ALEXNET_TMA_STAGES and _PERSISTENT, over $STAGES and $RESIDENT);
 # COMPARE=1 issue 4's table (ours and PyTorch's, in $OUT/logs/table). Steps that
 # would pass $DEADLINE s are skipped (and say so), as are those whose log
@@ -121,8 +119,8 @@ if [ "${TMA:-0}" = 1 ]; then
   for p in tf32 bf16; do
     r bench-$p-direct 60 env ALEXNET_TMA_EPILOGUE=direct $H bench configs/alexnet.json --batch-size 128,256 --device cuda --precision $p
   done
-  # The TMA weight gradients (=wide by default; ALEXNET_TMA_FILTER=1 adds
-  # TF32's, over the padded pixel grid): their checks, then their speed
+  # The TMA weight gradients (=wide by default; ALEXNET_TMA_FILTER=1 puts
+  # every TF32 one on the padded pixel grid): their checks, then their speed
   # against the mma.sync kernels (=0) and the step with and without them.
   r conv_tma_filter 120 .gpf/bin/gpu_ops conv_tma_filter pixel_grid
   for tool in memcheck racecheck; do
