@@ -20,7 +20,9 @@
 
 use anyhow::Result;
 use host::backend::cpu::CpuBackend;
-use host::backend::cuda::{CudaBackend, Elem, GemmTiles, TmaFilter, TmaGrid, unavailable_reason};
+use host::backend::cuda::{
+    CudaBackend, Elem, GemmTiles, StridedData, TmaFilter, TmaGrid, unavailable_reason,
+};
 use host::backend::*;
 use host::config::Precision;
 use host::model::Model;
@@ -147,6 +149,7 @@ const TESTS: &[(&str, Test)] = &[
     ("conv_forward", conv_forward),
     ("conv_backward_data", conv_backward_data),
     ("conv_data_cols", conv_data_cols),
+    ("conv_data_phases", conv_data_phases),
     ("conv_backward_filter", conv_backward_filter),
     ("conv_backward_bias", conv_backward_bias),
     ("conv_backward", conv_backward),
@@ -520,9 +523,8 @@ fn conv_backward_data(c: &mut Ctx) -> Result<()> {
     each_precision_engines(c, conv_backward_data_in)
 }
 
-/// Strided shapes twice: by columns (the default) and through the gathered
-/// products (`set_data_cols(false)`), which larger channel counts may
-/// still want.
+/// Strided shapes three times: by phases (the default), by columns and
+/// through the gathered products (`set_strided_data`).
 fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
     let (label, tol) = label_tol(c, p);
     for (case, g) in conv_cases() {
@@ -530,22 +532,25 @@ fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
         let mut want = vec![0.0; g.x_len()];
         c.cpu.conv_backward_data(&g, &dy, &w, &mut want)?;
         let (gdy, gw) = (c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
-        for cols in [true, false] {
-            if !cols && g.stride == 1 {
+        for how in [
+            StridedData::Phases,
+            StridedData::Columns,
+            StridedData::Gather,
+        ] {
+            if how != StridedData::Phases && g.stride == 1 {
                 continue;
             }
-            c.gpu.set_data_cols(cols, None);
+            c.gpu.set_strided_data(how, None);
             let mut gdx = c.gpu.poisoned(g.x_len())?;
             let r = c.gpu.conv_backward_data(&g, &gdy, &gw, &mut gdx);
-            c.gpu.set_data_cols(true, None);
+            c.gpu.set_strided_data(StridedData::Phases, None);
             r?;
             let got = c.gpu.download(&gdx)?;
-            let path = if g.stride == 1 {
-                ""
-            } else if cols {
-                " by columns"
-            } else {
-                " gathered"
+            let path = match how {
+                _ if g.stride == 1 => "",
+                StridedData::Phases => " by phases",
+                StridedData::Columns => " by columns",
+                StridedData::Gather => " gathered",
             };
             c.check(
                 "conv_backward_data",
@@ -559,14 +564,15 @@ fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
     Ok(())
 }
 
-/// The data gradient by columns: strided shapes take it (and stride 1
-/// does not); images in chunks of one, two and all (batch 5, so the last
-/// chunk is short), with the ReLU mask, in each precision; conv1's shape
-/// at batch 3 with one image per chunk.
+/// The data gradient by columns (`StridedData::Columns`): strided shapes
+/// take it (and stride 1 does not); images in chunks of one, two and all
+/// (batch 5, so the last chunk is short), with the ReLU mask, in each
+/// precision; conv1's shape at batch 3 with one image per chunk.
 fn conv_data_cols(c: &mut Ctx) -> Result<()> {
     let g = conv_geom(5, 6, 15, 13, 10, 5, 3, 2, 2);
     let conv1 = conv_geom(3, 3, 224, 224, 96, 11, 4, 2, 1);
     let stride1 = conv_geom(2, 6, 9, 9, 8, 3, 1, 1, 1);
+    c.gpu.set_strided_data(StridedData::Columns, None);
     let kernel = c.gpu.conv_data_kernel(&g);
     c.check_true(
         "conv_data_cols",
@@ -600,7 +606,8 @@ fn conv_data_cols(c: &mut Ctx) -> Result<()> {
                 }
                 let (gx, gdy, gw) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
                 for &imgs in chunks {
-                    c.gpu.set_data_cols(true, Some(imgs * per_image));
+                    c.gpu
+                        .set_strided_data(StridedData::Columns, Some(imgs * per_image));
                     let mut gdx = c.gpu.poisoned(g.x_len())?;
                     let (mut gdw, mut gdb) = (c.gpu.zeros(g.w_len())?, c.gpu.zeros(g.c_out)?);
                     let dx = Some(&mut gdx);
@@ -619,7 +626,105 @@ fn conv_data_cols(c: &mut Ctx) -> Result<()> {
         }
         Ok(())
     })();
-    c.gpu.set_data_cols(true, Some(1 << 26));
+    c.gpu.set_strided_data(StridedData::Phases, Some(1 << 26));
+    c.gpu.set_precision(Precision::Fp32)?;
+    result
+}
+
+/// The data gradient by phases (the default for strides above 1): the
+/// shape takes it, running the stride-1 product of `ConvGeom::phases`;
+/// its two kernels against their CPU twins bit for bit (copies, on
+/// poisoned outputs); the whole data gradient with and without the ReLU
+/// mask against the CPU's direct one, in each precision, on conv1's shape
+/// (batch 3 and 1), groups 2 with a 5×4 window at stride 3, a window
+/// smaller than the stride, and a shape whose last rows and columns no
+/// tap reaches.
+fn conv_data_phases(c: &mut Ctx) -> Result<()> {
+    let g = conv_geom;
+    let odd = ConvGeom {
+        k_w: 4,
+        ..g(5, 6, 15, 13, 10, 5, 3, 2, 2)
+    };
+    let cases = keep(vec![
+        ("odd k5x4 s3 p2 g2", odd),
+        (
+            "k2x1 s3 n1",
+            ConvGeom {
+                k_w: 1,
+                ..g(1, 4, 8, 7, 6, 2, 3, 0, 2)
+            },
+        ),
+        ("k3 s4 uncovered edge", g(2, 5, 13, 14, 8, 3, 4, 0, 1)),
+        ("conv1 n1", g(1, 3, 224, 224, 96, 11, 4, 2, 1)),
+        ("alexnet conv1 n3", g(3, 3, 224, 224, 96, 11, 4, 2, 1)),
+    ]);
+    let result = (|| {
+        for (name, geom) in &cases {
+            let p = geom.phases();
+            let (kernel, inner) = (c.gpu.conv_data_kernel(geom), c.gpu.conv_data_kernel(&p));
+            c.check_true(
+                "conv_data_phases",
+                &format!("{name} runs its phases' product ({kernel})"),
+                kernel == inner && !kernel.starts_with("conv_backward_data_cols"),
+            );
+            let w = c.randn(geom.w_len(), 0.1);
+            let mut want = vec![0.0; p.w_len()];
+            host::backend::cpu::conv::conv_phase_filters(geom, &w, &mut want);
+            let gw = c.gpu.upload(&w)?;
+            let mut gwp = c.gpu.poisoned(p.w_len())?;
+            c.gpu.conv_phase_filters(geom, &gw, &mut gwp)?;
+            let got = c.gpu.download(&gwp)?;
+            c.check("conv_phase_filters", name, &got, &want, 0.0);
+            let (yp, x) = (c.randn(p.x_len(), 1.0), c.randn(geom.x_len(), 1.0));
+            let (gyp, gx) = (c.gpu.upload(&yp)?, c.gpu.upload(&x)?);
+            for masked in [false, true] {
+                let mut want = vec![0.0; geom.x_len()];
+                let mask = masked.then_some(&x[..]);
+                host::backend::cpu::conv::conv_phase_scatter(geom, &yp, &mut want, mask);
+                let mut gdx = c.gpu.poisoned(geom.x_len())?;
+                c.gpu
+                    .conv_phase_scatter(geom, &gyp, &mut gdx, masked.then_some(&gx))?;
+                let got = c.gpu.download(&gdx)?;
+                let case = format!("{name}{}", if masked { " relu" } else { "" });
+                c.check("conv_phase_scatter", &case, &got, &want, 0.0);
+            }
+        }
+        for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+            c.gpu.set_precision(p)?;
+            let (label, tol) = label_tol(c, p);
+            for (name, g) in &cases {
+                let (x, dy, w) = (
+                    c.randn(g.x_len(), 1.0),
+                    c.randn(g.y_len(), 1.0),
+                    c.randn(g.w_len(), 0.1),
+                );
+                let mut want = vec![0.0; g.x_len()];
+                c.cpu.conv_backward_data(g, &dy, &w, &mut want)?;
+                let (gx, gdy, gw) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
+                let mut gdx = c.gpu.poisoned(g.x_len())?;
+                c.gpu.conv_backward_data(g, &gdy, &gw, &mut gdx)?;
+                let got = c.gpu.download(&gdx)?;
+                c.check(
+                    "conv_data_phases",
+                    &format!("{name}{label}"),
+                    &got,
+                    &want,
+                    tol,
+                );
+                for (d, x) in want.iter_mut().zip(&x) {
+                    *d = if *x > 0.0 { *d } else { 0.0 };
+                }
+                let mut gdx = c.gpu.poisoned(g.x_len())?;
+                let (mut gdw, mut gdb) = (c.gpu.zeros(g.w_len())?, c.gpu.zeros(g.c_out)?);
+                c.gpu
+                    .conv_backward(g, &gx, &gdy, &gw, &mut gdw, &mut gdb, Some(&mut gdx), true)?;
+                let got = c.gpu.download(&gdx)?;
+                let case = format!("{name} relu{label}");
+                c.check("conv_data_phases", &case, &got, &want, tol);
+            }
+        }
+        Ok(())
+    })();
     c.gpu.set_precision(Precision::Fp32)?;
     result
 }

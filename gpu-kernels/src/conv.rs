@@ -23,7 +23,9 @@
 //! fed by the tensor memory accelerator (`*_wg_tma_big`, [`ConvTma`]: the
 //! im2col is done by the copy engine, from tensor maps the host makes).
 
-use crate::device::{FastDiv, bdim_x, bid_x, bid_y, bid_z, block_sum, grid_stride, shared, tid_x};
+use crate::device::{
+    FastDiv, bdim_x, bid_x, bid_y, bid_z, block_sum, grid_stride, grid_stride_u32, shared, tid_x,
+};
 use crate::gemm::{
     BK, Epilogue, Operand, SLOT_STRIDE, Strided, Transposed, VStrided, VecOperand, elem_at, gemm_kernels,
     gemm_tile, gemm_tile_v, split_range, vbk, vlen,
@@ -638,6 +640,78 @@ pub unsafe extern "ptx-kernel" fn conv_cols_sum(
             acc = 0.0;
         }
         unsafe { *dx.add(at) = acc };
+        i += step;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The data gradient by phases, for strided convolutions: input row
+// `s·a + r − p` takes only the taps `kh = r + s·j`, from output rows `a − j`,
+// so dx split by phase (r, r') is the stride-1 data gradient of
+// `ConvGeom::phases` (channels (c, r, r'), ⌈KH/s⌉×⌈KW/s⌉ taps, no padding,
+// input Ah×Aw = (OH + Jh − 1)×(OW + Jw − 1)) over dy itself, which the
+// stride-1 kernels above run. Around it:
+// - `conv_phase_filters`: its filter bank, wp[f, (c·s + r)·s + r', j, l] =
+//   w[f, c, r + s·j, r' + s·l], 0 past the window; a thread per element,
+//   grid-stride.
+// - `conv_phase_scatter`: dx[n, c, ih, iw] = yp[n, (c·s + r)·s + r', a, b]
+//   with ih + p = s·a + r, iw + p = s·b + r' (0 where (a, b) is past Ah×Aw),
+//   then the ReLU mask; a thread per element of dx (NCHW), grid-stride,
+//   dividing by the `FastDiv`s of W, H and s.
+// ---------------------------------------------------------------------------
+
+/// The filter bank of the data gradient by phases (see the section comment).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_phase_filters(s: ConvShape, w: *const f32, wp: *mut f32) {
+    let st = s.stride;
+    let (jh, jw) = (s.kh.div_ceil(st), s.kw.div_ceil(st));
+    let per_filter = s.cg() * st * st * jh * jw;
+    let total = s.c_out * per_filter;
+    let (mut i, step) = grid_stride_u32();
+    while i < total {
+        let (f, e) = (i / per_filter, i % per_filter);
+        let (crr, jl) = (e / (jh * jw), e % (jh * jw));
+        let (c, r) = (crr / (st * st), crr % (st * st));
+        let (kh, kw) = (r / st + st * (jl / jw), r % st + st * (jl % jw));
+        let v = if kh < s.kh && kw < s.kw {
+            unsafe { *w.add(((f * s.cg() + c) * s.kk() + kh * s.kw + kw) as usize) }
+        } else {
+            0.0
+        };
+        unsafe { *wp.add(i as usize) = v };
+        i += step;
+    }
+}
+
+/// dx from the data gradient by phases `yp` (see the section comment); with
+/// `s.relu`, 0 where `mask` (x) ≤ 0. `fw`, `fh`, `fs` divide by W, H and s.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_phase_scatter(
+    s: ConvShape,
+    yp: *const f32,
+    dx: *mut f32,
+    mask: *const f32,
+    fw: FastDiv,
+    fh: FastDiv,
+    fs: FastDiv,
+) {
+    let st = s.stride;
+    let (ah, aw) = (s.oh + s.kh.div_ceil(st) - 1, s.ow + s.kw.div_ceil(st) - 1);
+    let total = s.n * s.c_in * s.h * s.w;
+    let (mut i, step) = grid_stride_u32();
+    while i < total {
+        let (row, iw) = fw.divmod(i);
+        let (plane, ih) = fh.divmod(row);
+        let ((a, r), (b, rw)) = (fs.divmod(ih + s.pad), fs.divmod(iw + s.pad));
+        let mut v = 0.0;
+        if a < ah && b < aw {
+            let ch = ((plane * st + r) * st + rw) as usize;
+            v = unsafe { *yp.add((ch * ah as usize + a as usize) * aw as usize + b as usize) };
+        }
+        if s.relu != 0 && !(unsafe { *mask.add(i as usize) } > 0.0) {
+            v = 0.0;
+        }
+        unsafe { *dx.add(i as usize) = v };
         i += step;
     }
 }
