@@ -1675,7 +1675,8 @@ fn conv_backward_filter_sum(c: &mut Ctx) -> Result<()> {
 /// `pixel_grid_tf32` against its CPU twin bit for bit, on a destination
 /// poisoned first (the padding must be written as zeros): x (KW copies,
 /// shifted back past the start) and dy of odd, batch-1, two-group,
-/// zero-pad and AlexNet shapes on their grids.
+/// zero-pad and AlexNet shapes on their grids, one with more stores than
+/// the launch has threads.
 fn pixel_grid(c: &mut Ctx) -> Result<()> {
     let g = conv_geom;
     let cases = keep(vec![
@@ -1683,6 +1684,9 @@ fn pixel_grid(c: &mut Ctx) -> Result<()> {
         ("batch1 1x8x6x5 k5 p2 g2", g(1, 8, 6, 5, 4, 5, 1, 2, 2)),
         ("pad0 2x3x5x7 k3", g(2, 3, 5, 7, 2, 3, 1, 0, 1)),
         ("alexnet conv3 b4", g(4, 256, 13, 13, 384, 3, 1, 1, 1)),
+        // More 16-byte stores than the launch has threads: each thread
+        // loops, its divisors made once.
+        ("alexnet conv4 b16 g2", g(16, 384, 13, 13, 384, 3, 1, 1, 2)),
     ]);
     for (case, geom) in cases {
         for (what, gg) in [("x", GridGeom::x(&geom)), ("dy", GridGeom::dy(&geom))] {
