@@ -1166,6 +1166,11 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
         // and 72 filters (TF32 data gradient: 288 of 384 bytes).
         ("alexnet conv2 b2", g(2, 96, 27, 27, 256, 5, 1, 2, 2)),
         ("56ch k3 p1 f72 b3", g(3, 56, 7, 9, 72, 3, 1, 1, 1)),
+        // 24 channels a group, two groups (the data gradient's swapped
+        // tiles read the next group's weight rows past a group's 24), and
+        // conv1's phases (48 channels, no padding).
+        ("24ch g2 f128 b1", g(1, 48, 9, 7, 128, 3, 1, 1, 2)),
+        ("conv1 phases b2", g(2, 48, 57, 57, 96, 3, 1, 0, 1)),
     ]);
     // Whether a group's `chans` a tap fill TMA K tiles as the host's rule
     // asks (whole 128-byte tiles, or three quarters of them), and whether
@@ -1298,6 +1303,40 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
                             if direct { "direct" } else { "default" }
                         ),
                         same,
+                    );
+                }
+                // Groups of at most 64 channels: the data gradient with the
+                // roles swapped (128 pixels × 64 channels a tile), the same
+                // K tiles in the same order as the 128×128 kernel's, so the
+                // same bits, under the default ring and two others.
+                if forward || g.c_in / g.groups > 64 {
+                    continue;
+                }
+                let swapped = |name: &str| name.ends_with("_wg_tma_t");
+                for (n, grid) in [
+                    (stages, TmaGrid::PerTile),
+                    (2, TmaGrid::Blocks(3)),
+                    (7, TmaGrid::Resident),
+                ] {
+                    c.gpu.set_tma_stages(n)?;
+                    c.gpu.set_tma_grid(grid);
+                    let ops = (&ops.0[..], &ops.1[..], &ops.2[..]);
+                    let outs = outputs_by_kernel(c, g, product, ops, set, [true, true], swapped);
+                    c.gpu.set_tma_stages(stages)?;
+                    c.gpu.set_tma_grid(tma_grid);
+                    let outs = outs?;
+                    let Some((t_name, t_got)) = outs.first() else {
+                        c.check_true(test, &format!("{case} {p:?}: a _wg_tma_t candidate"), false);
+                        break;
+                    };
+                    let (label, tol) = label_tol(c, p);
+                    let ring = format!("{n} stages, {grid:?}");
+                    let what = format!("{case}{label} {t_name} ({ring}) vs CPU");
+                    c.check(test, &what, t_got, &want, tol);
+                    c.check_true(
+                        test,
+                        &format!("{case} {p:?}: {t_name} ({ring}) bit-identical to {fed_name}"),
+                        bits_equal(t_got, &got),
                     );
                 }
             }

@@ -1185,6 +1185,9 @@ struct ConvTma {
     bk: u32,
     /// The data gradient's mirrored taps.
     flip: bool,
+    /// Roles swapped (`data_t`): the windows are A (the tile's 128 rows)
+    /// and the weight rows B.
+    swap: bool,
 }
 
 #[cfg(feature = "wgmma")]
@@ -1205,6 +1208,7 @@ impl ConvTma {
             chans: s.cg(),
             bk: vbk(half) * 2,
             flip: false,
+            swap: false,
         }
     }
 
@@ -1224,6 +1228,19 @@ impl ConvTma {
             chans: s.fg(),
             bk: vbk(half) * 2,
             flip: true,
+            swap: false,
+        }
+    }
+
+    /// [`ConvTma::data`] with the roles swapped: tile (x, y) (64 channels ×
+    /// 128 input pixels) of group g, the windows of dy as A and the weight
+    /// rows (of a 128-row box, the first 64 used) as B.
+    #[inline(always)]
+    fn data_t(maps: *const u8, s: ConvShape, half: bool, [x, y, g]: [u32; 3]) -> Self {
+        ConvTma {
+            row: g * s.cg() + x * 64,
+            swap: true,
+            ..ConvTma::data(maps, s, half, [y, 0, g])
         }
     }
 }
@@ -1273,11 +1290,12 @@ impl crate::gemm::TmaTiles for ConvTma {
         } else {
             (t.kh, t.kw)
         };
+        let (w, x) = if self.swap { (b, a) } else { (a, b) };
         unsafe {
-            tma_tile_3d(a, self.maps, t.c as i32, t.tap as i32, self.row as i32, bar);
+            tma_tile_3d(w, self.maps, t.c as i32, t.tap as i32, self.row as i32, bar);
             let c = (self.chan + t.c) as i32;
-            let x = self.maps.add(128);
-            tma_im2col_4d(b, x, c, self.iw, self.ih, self.img as i32, dw as u16, dh as u16, bar);
+            let map = self.maps.add(128);
+            tma_im2col_4d(x, map, c, self.iw, self.ih, self.img as i32, dw as u16, dh as u16, bar);
         }
         t.c += self.bk;
         if t.c >= self.chans {
@@ -1474,7 +1492,7 @@ pub unsafe extern "ptx-kernel" fn conv_backward_filter_nhwc16_bf16_wg_tma_big(
         (ConvTmaFilter { maps, s, span, step, cgp }, e)
     };
     let dims = [cgp * s.kk(), s.fg(), s.groups * splits];
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, true, true>(tile, dims, ring) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, true, true, 128>(tile, dims, ring) };
 }
 
 /// The operands of the TF32 weight gradient for the tensor memory
@@ -1562,7 +1580,7 @@ pub unsafe extern "ptx-kernel" fn conv_backward_filter_grid_tf32_wg_tma_big(
         (ConvTmaGrid { maps, s, span, wp, bx, boxes }, e)
     };
     let dims = [s.cg() * s.kk(), s.fg(), s.groups * splits];
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, false, false>(tile, dims, ring) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, false, false, 128>(tile, dims, ring) };
 }
 
 /// Convolution forward as [`conv_forward_nhwc_any`]'s 128×128 warpgroup
@@ -1580,7 +1598,7 @@ unsafe fn conv_forward_tma<const HALF: bool>(s: ConvShape, maps: *const u8, ring
         (l, e)
     };
     let dims = [s.n * s.oh * s.ow, s.fg(), s.groups];
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF, false>(tile, dims, ring) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF, false, 128>(tile, dims, ring) };
 }
 
 /// Convolution data gradient (stride 1) as
@@ -1597,7 +1615,48 @@ unsafe fn conv_backward_data_tma<const HALF: bool>(s: ConvShape, maps: *const u8
         (l, e)
     };
     let dims = [s.n * s.h * s.w, s.cg(), s.groups];
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF, false>(tile, dims, ring) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF, false, 128>(tile, dims, ring) };
+}
+
+/// [`conv_backward_data_tma`] with the roles swapped ([`ConvTma::data_t`]):
+/// 128 input pixels × 64 channels a tile (⌈N·H·W/128⌉ × ⌈Cg/64⌉ × G
+/// tiles), for groups of at most 64 channels, which 128-channel tiles
+/// would mostly pad (conv2's 48, and conv1's 48 phases).
+#[cfg(feature = "wgmma")]
+unsafe fn conv_backward_data_tma_t<const HALF: bool>(s: ConvShape, maps: *const u8, ring: u32, dx: *mut f32, mask: *const f32) {
+    let tile = |t: [u32; 3]| {
+        let l = ConvTma::data_t(maps, s, HALF, t);
+        let e = Transposed(StoreInputGrad::<true>::new(dx, mask, s, t[2]));
+        (l, e)
+    };
+    let dims = [s.cg(), s.n * s.h * s.w, s.groups];
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF, false, 64>(tile, dims, ring) };
+}
+
+/// [`conv_backward_data_tma_t`] in TF32 (dy and wt TF32-rounded fp32).
+#[cfg(feature = "wgmma")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_backward_data_nhwc_tf32_wg_tma_t(
+    s: ConvShape,
+    maps: *const u8,
+    ring: u32,
+    dx: *mut f32,
+    mask: *const f32,
+) {
+    unsafe { conv_backward_data_tma_t::<false>(s, maps, ring, dx, mask) }
+}
+
+/// [`conv_backward_data_tma_t`] in bf16 (dy and wt bf16).
+#[cfg(feature = "wgmma")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_backward_data_nhwc16_bf16_wg_tma_t(
+    s: ConvShape,
+    maps: *const u8,
+    ring: u32,
+    dx: *mut f32,
+    mask: *const f32,
+) {
+    unsafe { conv_backward_data_tma_t::<true>(s, maps, ring, dx, mask) }
 }
 
 /// [`conv_backward_data_tma`] in TF32 (dy and wt TF32-rounded fp32).

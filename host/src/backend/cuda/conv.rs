@@ -725,11 +725,31 @@ fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
     let (cg, fg) = (g.c_in / g.groups, g.c_out / g.groups);
     let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
     let pixels = g.n * g.h * g.w;
+    // Groups of at most 64 channels take the TMA kernel with the roles
+    // swapped (128 pixels × 64 channels a tile), where 128×128 tiles would
+    // pad more than half of each tile (conv2's 48, conv1's phases' 48),
+    // unless the knobs ask for no transposed products.
+    let swapped = cg <= 64 && k.transposed == Transposed::Padded;
     if k.big != Some(false)
         && k.transposed != Transposed::All
-        && let Some((name, half)) = be.tma_data_kernel(g)
+        && let Some((name, half)) = be.tma_data_kernel(g, swapped)
     {
-        let cfg = vec_cfg(grid(cg, pixels, g.groups, true), name);
+        let cfg = if swapped {
+            let grid_dim = (
+                pixels.div_ceil(128) as u32,
+                cg.div_ceil(64) as u32,
+                g.groups as u32,
+            );
+            vec_cfg(
+                LaunchConfig {
+                    grid_dim,
+                    ..grid(cg, pixels, g.groups, true)
+                },
+                name,
+            )
+        } else {
+            vec_cfg(grid(cg, pixels, g.groups, true), name)
+        };
         return Some(VecPlan { name, half, cfg });
     }
     if let Some(plan) = transposed(be, k, "conv_backward_data_nhwc", cg, pixels, g.groups, fits) {

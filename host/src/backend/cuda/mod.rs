@@ -225,6 +225,8 @@ const WG_KERNELS: &[&str] = &[
     "conv_forward_nhwc16_bf16_wg_tma_big",
     "conv_backward_data_nhwc_tf32_wg_tma_big",
     "conv_backward_data_nhwc16_bf16_wg_tma_big",
+    "conv_backward_data_nhwc_tf32_wg_tma_t",
+    "conv_backward_data_nhwc16_bf16_wg_tma_t",
     "conv_backward_filter_nhwc16_bf16_wg_tma_big",
     "conv_backward_filter_grid_tf32_wg_tma_big",
 ];
@@ -1051,16 +1053,18 @@ impl CudaBackend {
     }
 
     /// The TMA data-gradient kernel for `g` and whether it reads bf16, if
-    /// it is on and the shape fits.
-    fn tma_data_kernel(&self, g: &ConvGeom) -> Option<(&'static str, bool)> {
+    /// it is on and the shape fits: with `swapped`, the one with 128 pixels
+    /// × 64 channels a tile (`_tma_t`), else 128×128.
+    fn tma_data_kernel(&self, g: &ConvGeom, swapped: bool) -> Option<(&'static str, bool)> {
         let half = self.tma_half()?;
         if !self.tma_data || tma::conv_data_unfit(g, half).is_some() {
             return None;
         }
-        let name = if half {
-            "conv_backward_data_nhwc16_bf16_wg_tma_big"
-        } else {
-            "conv_backward_data_nhwc_tf32_wg_tma_big"
+        let name = match (half, swapped) {
+            (true, false) => "conv_backward_data_nhwc16_bf16_wg_tma_big",
+            (false, false) => "conv_backward_data_nhwc_tf32_wg_tma_big",
+            (true, true) => "conv_backward_data_nhwc16_bf16_wg_tma_t",
+            (false, true) => "conv_backward_data_nhwc_tf32_wg_tma_t",
         };
         self.funcs.get_key_value(name).map(|(k, _)| (*k, half))
     }
