@@ -228,6 +228,15 @@ fn conv_backward_finite_differences() {
     check_gradient("conv db", &b, &db, |b| dot(&dy, &conv(&g, &x, &w, b)));
 }
 
+/// Random dy, w and mask of `g`, and the direct data gradient from them.
+fn data_grad_case(r: &mut StdRng, g: &ConvGeom) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (dy, w) = (random_vec(r, g.y_len(), 1.0), random_vec(r, g.w_len(), 1.0));
+    let mask = random_vec(r, g.x_len(), 1.0);
+    let mut want = poisoned(g.x_len());
+    conv::conv_backward_data(g, &dy, &w, &mut want);
+    (dy, w, mask, want)
+}
+
 /// The data gradient by columns (the GPU's path for strided layers with
 /// few channels) equals the direct one, in two chunks of images, groups 2,
 /// stride 3, with and without the ReLU mask.
@@ -246,13 +255,7 @@ fn conv_data_by_columns_matches_direct() {
         pad: 2,
         groups: 2,
     };
-    let (dy, w) = (
-        random_vec(&mut r, g.y_len(), 1.0),
-        random_vec(&mut r, g.w_len(), 1.0),
-    );
-    let mask = random_vec(&mut r, g.x_len(), 1.0);
-    let mut want = poisoned(g.x_len());
-    conv::conv_backward_data(&g, &dy, &w, &mut want);
+    let (dy, w, mask, want) = data_grad_case(&mut r, &g);
     let per_img = g.c_in * g.k_h * g.k_w * g.out_h() * g.out_w();
     for masked in [false, true] {
         let mut got = poisoned(g.x_len());
@@ -299,13 +302,7 @@ fn conv_data_by_phases_matches_direct() {
     ] {
         let p = g.phases();
         assert_eq!((p.out_h(), p.out_w()), (g.out_h(), g.out_w()), "{g:?}");
-        let (dy, w) = (
-            random_vec(&mut r, g.y_len(), 1.0),
-            random_vec(&mut r, g.w_len(), 1.0),
-        );
-        let mask = random_vec(&mut r, g.x_len(), 1.0);
-        let mut want = poisoned(g.x_len());
-        conv::conv_backward_data(&g, &dy, &w, &mut want);
+        let (dy, w, mask, want) = data_grad_case(&mut r, &g);
         let mut wp = poisoned(p.w_len());
         conv::conv_phase_filters(&g, &w, &mut wp);
         let mut yp = poisoned(p.x_len());
