@@ -26,8 +26,9 @@
 # only and =1 every TF32 one too; the stages and resident blocks,
 # ALEXNET_TMA_STAGES and _PERSISTENT, over $STAGES and $RESIDENT);
 # PHASES=1 the strided data gradients by phases and the swapped TMA data
-# gradients (gpu_ops conv_data_phases conv_tma; every layer's data gradient
-# beside kernels-base's, conv1's by columns; the pixel grid copies);
+# gradients (gpu_ops conv_data_phases conv_tma, then under memcheck and
+# racecheck; every layer's data gradient beside kernels-base's, conv1's by
+# columns; the pixel grid copies);
 # COMPARE=1 issue 4's table (ours and PyTorch's, in $OUT/logs/table). Steps that
 # would pass $DEADLINE s are skipped (and say so), as are those whose log
 # name matches the regular expression $SKIP or, when $ONLY is set, does
@@ -187,6 +188,10 @@ if [ "${PHASES:-0}" = 1 ]; then
   done
   r k-grid 30 .gpf/bin/kernels pixel_grid
   [ -x .gpf/bin/kernels-base ] && r k-grid-base 30 .gpf/bin/kernels-base pixel_grid
+  # The new kernels under the sanitizers, small shapes only.
+  for tool in memcheck racecheck; do
+    r phases-$tool 150 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool $tool --error-exitcode 1 .gpf/bin/gpu_ops conv_data_phases conv_tma
+  done
 fi
 if [ "${WG_BIG:-0}" = 1 ]; then
   r conv_wg_big 120 .gpf/bin/gpu_ops conv_wg_big
@@ -237,7 +242,7 @@ if [ "${COMPARE:-0}" = 1 ]; then
   fi
 fi
 [ "${GPU_OPS_ALL:-1}" = 1 ] && r gpu_ops 330 .gpf/bin/gpu_ops
-grep -h "gpu_ops:\|ERROR SUMMARY\|RACECHECK SUMMARY" $L/gpu_ops*.log $L/memcheck.log $L/conv_data_phases.log $L/conv_wg_big.log $L/wg-big-*.log $L/conv_tma.log $L/conv_tma_filter.log $L/tma-*.log >> $L/summary.log 2>/dev/null
+grep -h "gpu_ops:\|ERROR SUMMARY\|RACECHECK SUMMARY" $L/gpu_ops*.log $L/memcheck.log $L/conv_data_phases.log $L/phases-*.log $L/conv_wg_big.log $L/wg-big-*.log $L/conv_tma.log $L/conv_tma_filter.log $L/tma-*.log >> $L/summary.log 2>/dev/null
 grep -H "images/s\|arena" $L/bench-*.log | sed 's#.*/##' >> $L/summary.log
 grep -h "ten views\|centre crop" $L/fashion-bf16-test.log >> $L/summary.log 2>/dev/null
 cat $L/summary.log; pack
