@@ -2032,7 +2032,23 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{FastDiv, KERNELS, TmaFilter, WG_KERNELS};
+    use super::{FastDiv, KERNELS, StridedData, TmaFilter, WG_KERNELS};
+
+    /// `ALEXNET_STRIDED_DATA`: phases unless set; a value it does not know
+    /// is an error that names it.
+    #[test]
+    fn strided_data_setting() {
+        let parse = |v: Option<&str>| StridedData::parse(v.map(String::from));
+        assert_eq!(parse(None).unwrap(), StridedData::Phases);
+        assert_eq!(parse(Some("phases")).unwrap(), StridedData::Phases);
+        assert_eq!(parse(Some("columns")).unwrap(), StridedData::Columns);
+        assert_eq!(parse(Some("gather")).unwrap(), StridedData::Gather);
+        let e = parse(Some("cols")).unwrap_err().to_string();
+        assert!(
+            e.contains("ALEXNET_STRIDED_DATA") && e.contains("cols"),
+            "{e}"
+        );
+    }
 
     /// `ALEXNET_TMA_FILTER`: wide unless set; a value it does not know is
     /// an error that names it.
