@@ -228,6 +228,14 @@ fn conv_backward_finite_differences() {
     check_gradient("conv db", &b, &db, |b| dot(&dy, &conv(&g, &x, &w, b)));
 }
 
+/// `want` with the ReLU mask applied where `masked` (0 where `mask` ≤ 0).
+fn masked_want(want: &[f32], mask: &[f32], masked: bool) -> Vec<f64> {
+    want.iter()
+        .zip(mask)
+        .map(|(&d, m)| if !masked || *m > 0.0 { d as f64 } else { 0.0 })
+        .collect()
+}
+
 /// Random dy, w and mask of `g`, and the direct data gradient from them.
 fn data_grad_case(r: &mut StdRng, g: &ConvGeom) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
     let (dy, w) = (random_vec(r, g.y_len(), 1.0), random_vec(r, g.w_len(), 1.0));
@@ -264,11 +272,7 @@ fn conv_data_by_columns_matches_direct() {
             conv::conv_backward_data_cols(&g, &dy, &w, &mut cols, imgs.clone());
             conv::conv_cols_sum(&g, &cols, &mut got, masked.then_some(&mask[..]), imgs);
         }
-        let want: Vec<f64> = want
-            .iter()
-            .zip(&mask)
-            .map(|(&d, m)| if !masked || *m > 0.0 { d as f64 } else { 0.0 })
-            .collect();
+        let want = masked_want(&want, &mask, masked);
         assert_close("conv dx by columns", &got, &want, 1e-5);
     }
 }
@@ -310,11 +314,7 @@ fn conv_data_by_phases_matches_direct() {
         for masked in [false, true] {
             let mut got = poisoned(g.x_len());
             conv::conv_phase_scatter(&g, &yp, &mut got, masked.then_some(&mask[..]));
-            let want: Vec<f64> = want
-                .iter()
-                .zip(&mask)
-                .map(|(&d, m)| if !masked || *m > 0.0 { d as f64 } else { 0.0 })
-                .collect();
+            let want = masked_want(&want, &mask, masked);
             assert_close(&format!("conv dx by phases {g:?}"), &got, &want, 1e-5);
         }
     }

@@ -590,10 +590,7 @@ fn data_by_phases(
 ) -> Result<()> {
     let p = g.phases();
     let ps = shape(&p)?;
-    anyhow::ensure!(
-        g.x_len().max(p.x_len()) < i32::MAX as usize,
-        "conv_backward_data {g:?}: more than 2^31 elements of dx for its phases"
-    );
+    phases_fit(g)?;
     be.with_scratch(Scratch::Phases, p.w_len(), |wp| {
         phase_filters(be, g, s, w, wp)?;
         be.with_scratch(Scratch::Cols, p.x_len(), |yp| {
@@ -601,6 +598,16 @@ fn data_by_phases(
             phase_scatter(be, g, s, yp, dx, mask)
         })
     })
+}
+
+/// An error unless dx and the phase planes of `g` have fewer than 2^31
+/// elements (`conv_phase_scatter` indexes both in 32 bits).
+fn phases_fit(g: &ConvGeom) -> Result<()> {
+    anyhow::ensure!(
+        g.x_len().max(g.phases().x_len()) < i32::MAX as usize,
+        "conv_backward_data {g:?}: more than 2^31 elements of dx or of its phases"
+    );
+    Ok(())
 }
 
 /// `conv_phase_filters`: `g.phases()`'s filter bank from `w` into `wp`.
@@ -656,10 +663,7 @@ pub(super) fn conv_phase_scatter(
     let s = data_shape(g, relu_of)?;
     check_len("conv_phase_scatter yp", yp, g.phases().x_len())?;
     check_len("conv_phase_scatter dx", dx, g.x_len())?;
-    anyhow::ensure!(
-        g.x_len() < i32::MAX as usize,
-        "conv_phase_scatter {g:?}: more than 2^31 elements"
-    );
+    phases_fit(g)?;
     phase_scatter(be, g, &s, yp, dx, relu_of.unwrap_or(yp))
 }
 
