@@ -352,6 +352,27 @@ fn main() -> Result<()> {
         )?;
     }
 
+    // conv1's data gradient by phases: its filter bank, and dx from the
+    // phases' product, with the ReLU mask read (bytes: yp read, dx
+    // written, the mask read).
+    {
+        let g = convs[0].1;
+        let p = g.phases();
+        let w = b.be.random(g.w_len(), 272)?;
+        let mut wp = b.be.zeros(p.w_len())?;
+        let bytes = 4.0 * (g.w_len() + p.w_len()) as f64;
+        b.run("conv_phase_filters", "conv1", 0.0, bytes, |be| {
+            be.conv_phase_filters(&g, &w, &mut wp)
+        })?;
+        let yp = b.be.random(p.x_len(), 273)?;
+        let x = b.be.random(g.x_len(), 274)?;
+        let mut dx = b.be.zeros(g.x_len())?;
+        let bytes = 4.0 * (p.x_len() + 2 * g.x_len()) as f64;
+        b.run("conv_phase_scatter", "conv1 relu", 0.0, bytes, |be| {
+            be.conv_phase_scatter(&g, &yp, &mut dx, Some(&x))
+        })?;
+    }
+
     let w6 = b.be.random(4096 * 9216, 270)?;
     let mut w6h = b.be.zeros(4096 * 9216 / 2)?;
     b.run(

@@ -25,6 +25,10 @@
 # has more than 128 filters), ALEXNET_TMA_FILTER=0 none, =bf16 bf16's
 # only and =1 every TF32 one too; the stages and resident blocks,
 # ALEXNET_TMA_STAGES and _PERSISTENT, over $STAGES and $RESIDENT);
+# PHASES=1 the strided data gradients by phases and the swapped TMA data
+# gradients (gpu_ops conv_data_phases conv_tma, then under memcheck and
+# racecheck; every layer's data gradient beside kernels-base's, conv1's by
+# columns; the pixel grid copies);
 # COMPARE=1 issue 4's table (ours and PyTorch's, in $OUT/logs/table). Steps that
 # would pass $DEADLINE s are skipped (and say so), as are those whose log
 # name matches the regular expression $SKIP or, when $ONLY is set, does
@@ -169,6 +173,26 @@ if [ "${TMA:-0}" = 1 ]; then
       .gpf/bin/kernels "conv3 tf32"
   done
 fi
+if [ "${PHASES:-0}" = 1 ]; then
+  # Strided data gradients by phases (the default) and the TMA data
+  # gradients with the roles swapped (128 pixels × 64 channels, groups of
+  # at most 64 channels: conv2 and conv1's phases): checks, then every
+  # layer's data gradient beside an earlier build's (kernels-base, put
+  # there by hand) and conv1's by columns; the TF32 pixel grid copies.
+  r conv_data_phases 200 .gpf/bin/gpu_ops conv_data_phases conv_tma
+  for p in tf32 bf16; do
+    r k-data-$p 60 .gpf/bin/kernels "conv_backward_data&$p" conv_phase
+    [ -x .gpf/bin/kernels-base ] && r k-data-base-$p 60 .gpf/bin/kernels-base "conv_backward_data&$p"
+    r k-cols-$p 30 env ALEXNET_STRIDED_DATA=columns .gpf/bin/kernels "conv_backward_data&conv1 $p"
+    r k-data-no-t-$p 30 env ALEXNET_TRANSPOSED=0 .gpf/bin/kernels "conv_backward_data&conv2 $p"
+  done
+  r k-grid 30 .gpf/bin/kernels pixel_grid
+  [ -x .gpf/bin/kernels-base ] && r k-grid-base 30 .gpf/bin/kernels-base pixel_grid
+  # The new kernels under the sanitizers, small shapes only.
+  for tool in memcheck racecheck; do
+    r phases-$tool 150 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool $tool --error-exitcode 1 .gpf/bin/gpu_ops conv_data_phases conv_tma
+  done
+fi
 if [ "${WG_BIG:-0}" = 1 ]; then
   r conv_wg_big 120 .gpf/bin/gpu_ops conv_wg_big
   for tool in memcheck racecheck; do
@@ -218,7 +242,7 @@ if [ "${COMPARE:-0}" = 1 ]; then
   fi
 fi
 [ "${GPU_OPS_ALL:-1}" = 1 ] && r gpu_ops 330 .gpf/bin/gpu_ops
-grep -h "gpu_ops:\|ERROR SUMMARY\|RACECHECK SUMMARY" $L/gpu_ops*.log $L/memcheck.log $L/conv_wg_big.log $L/wg-big-*.log $L/conv_tma.log $L/conv_tma_filter.log $L/tma-*.log >> $L/summary.log 2>/dev/null
+grep -h "gpu_ops:\|ERROR SUMMARY\|RACECHECK SUMMARY" $L/gpu_ops*.log $L/memcheck.log $L/conv_data_phases.log $L/phases-*.log $L/conv_wg_big.log $L/wg-big-*.log $L/conv_tma.log $L/conv_tma_filter.log $L/tma-*.log >> $L/summary.log 2>/dev/null
 grep -H "images/s\|arena" $L/bench-*.log | sed 's#.*/##' >> $L/summary.log
 grep -h "ten views\|centre crop" $L/fashion-bf16-test.log >> $L/summary.log 2>/dev/null
 cat $L/summary.log; pack

@@ -20,7 +20,9 @@
 
 use anyhow::Result;
 use host::backend::cpu::CpuBackend;
-use host::backend::cuda::{CudaBackend, Elem, GemmTiles, TmaFilter, TmaGrid, unavailable_reason};
+use host::backend::cuda::{
+    CudaBackend, Elem, GemmTiles, StridedData, TmaFilter, TmaGrid, unavailable_reason,
+};
 use host::backend::*;
 use host::config::Precision;
 use host::model::Model;
@@ -147,6 +149,7 @@ const TESTS: &[(&str, Test)] = &[
     ("conv_forward", conv_forward),
     ("conv_backward_data", conv_backward_data),
     ("conv_data_cols", conv_data_cols),
+    ("conv_data_phases", conv_data_phases),
     ("conv_backward_filter", conv_backward_filter),
     ("conv_backward_bias", conv_backward_bias),
     ("conv_backward", conv_backward),
@@ -520,9 +523,8 @@ fn conv_backward_data(c: &mut Ctx) -> Result<()> {
     each_precision_engines(c, conv_backward_data_in)
 }
 
-/// Strided shapes twice: by columns (the default) and through the gathered
-/// products (`set_data_cols(false)`), which larger channel counts may
-/// still want.
+/// Strided shapes three times: by phases (the default), by columns and
+/// through the gathered products (`set_strided_data`).
 fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
     let (label, tol) = label_tol(c, p);
     for (case, g) in conv_cases() {
@@ -530,22 +532,25 @@ fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
         let mut want = vec![0.0; g.x_len()];
         c.cpu.conv_backward_data(&g, &dy, &w, &mut want)?;
         let (gdy, gw) = (c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
-        for cols in [true, false] {
-            if !cols && g.stride == 1 {
+        for how in [
+            StridedData::Phases,
+            StridedData::Columns,
+            StridedData::Gather,
+        ] {
+            if how != StridedData::Phases && g.stride == 1 {
                 continue;
             }
-            c.gpu.set_data_cols(cols, None);
+            c.gpu.set_strided_data(how, None);
             let mut gdx = c.gpu.poisoned(g.x_len())?;
             let r = c.gpu.conv_backward_data(&g, &gdy, &gw, &mut gdx);
-            c.gpu.set_data_cols(true, None);
+            c.gpu.set_strided_data(StridedData::Phases, None);
             r?;
             let got = c.gpu.download(&gdx)?;
-            let path = if g.stride == 1 {
-                ""
-            } else if cols {
-                " by columns"
-            } else {
-                " gathered"
+            let path = match how {
+                _ if g.stride == 1 => "",
+                StridedData::Phases => " by phases",
+                StridedData::Columns => " by columns",
+                StridedData::Gather => " gathered",
             };
             c.check(
                 "conv_backward_data",
@@ -559,14 +564,15 @@ fn conv_backward_data_in(c: &mut Ctx, p: Precision) -> Result<()> {
     Ok(())
 }
 
-/// The data gradient by columns: strided shapes take it (and stride 1
-/// does not); images in chunks of one, two and all (batch 5, so the last
-/// chunk is short), with the ReLU mask, in each precision; conv1's shape
-/// at batch 3 with one image per chunk.
+/// The data gradient by columns (`StridedData::Columns`): strided shapes
+/// take it (and stride 1 does not); images in chunks of one, two and all
+/// (batch 5, so the last chunk is short), with the ReLU mask, in each
+/// precision; conv1's shape at batch 3 with one image per chunk.
 fn conv_data_cols(c: &mut Ctx) -> Result<()> {
     let g = conv_geom(5, 6, 15, 13, 10, 5, 3, 2, 2);
     let conv1 = conv_geom(3, 3, 224, 224, 96, 11, 4, 2, 1);
     let stride1 = conv_geom(2, 6, 9, 9, 8, 3, 1, 1, 1);
+    c.gpu.set_strided_data(StridedData::Columns, None);
     let kernel = c.gpu.conv_data_kernel(&g);
     c.check_true(
         "conv_data_cols",
@@ -600,7 +606,8 @@ fn conv_data_cols(c: &mut Ctx) -> Result<()> {
                 }
                 let (gx, gdy, gw) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
                 for &imgs in chunks {
-                    c.gpu.set_data_cols(true, Some(imgs * per_image));
+                    c.gpu
+                        .set_strided_data(StridedData::Columns, Some(imgs * per_image));
                     let mut gdx = c.gpu.poisoned(g.x_len())?;
                     let (mut gdw, mut gdb) = (c.gpu.zeros(g.w_len())?, c.gpu.zeros(g.c_out)?);
                     let dx = Some(&mut gdx);
@@ -619,7 +626,105 @@ fn conv_data_cols(c: &mut Ctx) -> Result<()> {
         }
         Ok(())
     })();
-    c.gpu.set_data_cols(true, Some(1 << 26));
+    c.gpu.set_strided_data(StridedData::Phases, Some(1 << 26));
+    c.gpu.set_precision(Precision::Fp32)?;
+    result
+}
+
+/// The data gradient by phases (the default for strides above 1): the
+/// shape takes it, running the stride-1 product of `ConvGeom::phases`;
+/// its two kernels against their CPU twins bit for bit (copies, on
+/// poisoned outputs); the whole data gradient with and without the ReLU
+/// mask against the CPU's direct one, in each precision, on conv1's shape
+/// (batch 3 and 1), groups 2 with a 5×4 window at stride 3, a window
+/// smaller than the stride, and a shape whose last rows and columns no
+/// tap reaches.
+fn conv_data_phases(c: &mut Ctx) -> Result<()> {
+    let g = conv_geom;
+    let odd = ConvGeom {
+        k_w: 4,
+        ..g(5, 6, 15, 13, 10, 5, 3, 2, 2)
+    };
+    let cases = keep(vec![
+        ("odd k5x4 s3 p2 g2", odd),
+        (
+            "k2x1 s3 n1",
+            ConvGeom {
+                k_w: 1,
+                ..g(1, 4, 8, 7, 6, 2, 3, 0, 2)
+            },
+        ),
+        ("k3 s4 uncovered edge", g(2, 5, 13, 14, 8, 3, 4, 0, 1)),
+        ("conv1 n1", g(1, 3, 224, 224, 96, 11, 4, 2, 1)),
+        ("alexnet conv1 n3", g(3, 3, 224, 224, 96, 11, 4, 2, 1)),
+    ]);
+    let result = (|| {
+        for (name, geom) in &cases {
+            let p = geom.phases();
+            let (kernel, inner) = (c.gpu.conv_data_kernel(geom), c.gpu.conv_data_kernel(&p));
+            c.check_true(
+                "conv_data_phases",
+                &format!("{name} runs its phases' product ({kernel})"),
+                kernel == inner && !kernel.starts_with("conv_backward_data_cols"),
+            );
+            let w = c.randn(geom.w_len(), 0.1);
+            let mut want = vec![0.0; p.w_len()];
+            host::backend::cpu::conv::conv_phase_filters(geom, &w, &mut want);
+            let gw = c.gpu.upload(&w)?;
+            let mut gwp = c.gpu.poisoned(p.w_len())?;
+            c.gpu.conv_phase_filters(geom, &gw, &mut gwp)?;
+            let got = c.gpu.download(&gwp)?;
+            c.check("conv_phase_filters", name, &got, &want, 0.0);
+            let (yp, x) = (c.randn(p.x_len(), 1.0), c.randn(geom.x_len(), 1.0));
+            let (gyp, gx) = (c.gpu.upload(&yp)?, c.gpu.upload(&x)?);
+            for masked in [false, true] {
+                let mut want = vec![0.0; geom.x_len()];
+                let mask = masked.then_some(&x[..]);
+                host::backend::cpu::conv::conv_phase_scatter(geom, &yp, &mut want, mask);
+                let mut gdx = c.gpu.poisoned(geom.x_len())?;
+                c.gpu
+                    .conv_phase_scatter(geom, &gyp, &mut gdx, masked.then_some(&gx))?;
+                let got = c.gpu.download(&gdx)?;
+                let case = format!("{name}{}", if masked { " relu" } else { "" });
+                c.check("conv_phase_scatter", &case, &got, &want, 0.0);
+            }
+        }
+        for p in [Precision::Fp32, Precision::Tf32, Precision::Bf16] {
+            c.gpu.set_precision(p)?;
+            let (label, tol) = label_tol(c, p);
+            for (name, g) in &cases {
+                let (x, dy, w) = (
+                    c.randn(g.x_len(), 1.0),
+                    c.randn(g.y_len(), 1.0),
+                    c.randn(g.w_len(), 0.1),
+                );
+                let mut want = vec![0.0; g.x_len()];
+                c.cpu.conv_backward_data(g, &dy, &w, &mut want)?;
+                let (gx, gdy, gw) = (c.gpu.upload(&x)?, c.gpu.upload(&dy)?, c.gpu.upload(&w)?);
+                let mut gdx = c.gpu.poisoned(g.x_len())?;
+                c.gpu.conv_backward_data(g, &gdy, &gw, &mut gdx)?;
+                let got = c.gpu.download(&gdx)?;
+                c.check(
+                    "conv_data_phases",
+                    &format!("{name}{label}"),
+                    &got,
+                    &want,
+                    tol,
+                );
+                for (d, x) in want.iter_mut().zip(&x) {
+                    *d = if *x > 0.0 { *d } else { 0.0 };
+                }
+                let mut gdx = c.gpu.poisoned(g.x_len())?;
+                let (mut gdw, mut gdb) = (c.gpu.zeros(g.w_len())?, c.gpu.zeros(g.c_out)?);
+                c.gpu
+                    .conv_backward(g, &gx, &gdy, &gw, &mut gdw, &mut gdb, Some(&mut gdx), true)?;
+                let got = c.gpu.download(&gdx)?;
+                let case = format!("{name} relu{label}");
+                c.check("conv_data_phases", &case, &got, &want, tol);
+            }
+        }
+        Ok(())
+    })();
     c.gpu.set_precision(Precision::Fp32)?;
     result
 }
@@ -1061,6 +1166,11 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
         // and 72 filters (TF32 data gradient: 288 of 384 bytes).
         ("alexnet conv2 b2", g(2, 96, 27, 27, 256, 5, 1, 2, 2)),
         ("56ch k3 p1 f72 b3", g(3, 56, 7, 9, 72, 3, 1, 1, 1)),
+        // 24 channels a group, two groups (the data gradient's swapped
+        // tiles read the next group's weight rows past a group's 24), and
+        // conv1's phases (48 channels, no padding).
+        ("24ch g2 f128 b1", g(1, 48, 9, 7, 128, 3, 1, 1, 2)),
+        ("conv1 phases b2", g(2, 48, 57, 57, 96, 3, 1, 0, 1)),
     ]);
     // Whether a group's `chans` a tap fill TMA K tiles as the host's rule
     // asks (whole 128-byte tiles, or three quarters of them), and whether
@@ -1193,6 +1303,40 @@ fn conv_tma(c: &mut Ctx) -> Result<()> {
                             if direct { "direct" } else { "default" }
                         ),
                         same,
+                    );
+                }
+                // Groups of at most 64 channels: the data gradient with the
+                // roles swapped (128 pixels × 64 channels a tile), the same
+                // K tiles in the same order as the 128×128 kernel's, so the
+                // same bits, under the default ring and two others.
+                if forward || g.c_in / g.groups > 64 {
+                    continue;
+                }
+                let swapped = |name: &str| name.ends_with("_wg_tma_t");
+                for (n, grid) in [
+                    (stages, TmaGrid::PerTile),
+                    (2, TmaGrid::Blocks(3)),
+                    (7, TmaGrid::Resident),
+                ] {
+                    c.gpu.set_tma_stages(n)?;
+                    c.gpu.set_tma_grid(grid);
+                    let ops = (&ops.0[..], &ops.1[..], &ops.2[..]);
+                    let outs = outputs_by_kernel(c, g, product, ops, set, [true, true], swapped);
+                    c.gpu.set_tma_stages(stages)?;
+                    c.gpu.set_tma_grid(tma_grid);
+                    let outs = outs?;
+                    let Some((t_name, t_got)) = outs.first() else {
+                        c.check_true(test, &format!("{case} {p:?}: a _wg_tma_t candidate"), false);
+                        break;
+                    };
+                    let (label, tol) = label_tol(c, p);
+                    let ring = format!("{n} stages, {grid:?}");
+                    let what = format!("{case}{label} {t_name} ({ring}) vs CPU");
+                    c.check(test, &what, t_got, &want, tol);
+                    c.check_true(
+                        test,
+                        &format!("{case} {p:?}: {t_name} ({ring}) bit-identical to {fed_name}"),
+                        bits_equal(t_got, &got),
                     );
                 }
             }
@@ -1570,7 +1714,8 @@ fn conv_backward_filter_sum(c: &mut Ctx) -> Result<()> {
 /// `pixel_grid_tf32` against its CPU twin bit for bit, on a destination
 /// poisoned first (the padding must be written as zeros): x (KW copies,
 /// shifted back past the start) and dy of odd, batch-1, two-group,
-/// zero-pad and AlexNet shapes on their grids.
+/// zero-pad and AlexNet shapes on their grids, one with more stores than
+/// the launch has threads.
 fn pixel_grid(c: &mut Ctx) -> Result<()> {
     let g = conv_geom;
     let cases = keep(vec![
@@ -1578,6 +1723,9 @@ fn pixel_grid(c: &mut Ctx) -> Result<()> {
         ("batch1 1x8x6x5 k5 p2 g2", g(1, 8, 6, 5, 4, 5, 1, 2, 2)),
         ("pad0 2x3x5x7 k3", g(2, 3, 5, 7, 2, 3, 1, 0, 1)),
         ("alexnet conv3 b4", g(4, 256, 13, 13, 384, 3, 1, 1, 1)),
+        // More 16-byte stores than the launch has threads: each thread
+        // loops, its divisors made once.
+        ("alexnet conv4 b16 g2", g(16, 384, 13, 13, 384, 3, 1, 1, 2)),
     ]);
     for (case, geom) in cases {
         for (what, gg) in [("x", GridGeom::x(&geom)), ("dy", GridGeom::dy(&geom))] {

@@ -23,7 +23,9 @@
 //! fed by the tensor memory accelerator (`*_wg_tma_big`, [`ConvTma`]: the
 //! im2col is done by the copy engine, from tensor maps the host makes).
 
-use crate::device::{FastDiv, bdim_x, bid_x, bid_y, bid_z, block_sum, grid_stride, shared, tid_x};
+use crate::device::{
+    FastDiv, bdim_x, bid_x, bid_y, bid_z, block_sum, grid_stride, grid_stride_u32, shared, tid_x,
+};
 use crate::gemm::{
     BK, Epilogue, Operand, SLOT_STRIDE, Strided, Transposed, VStrided, VecOperand, elem_at, gemm_kernels,
     gemm_tile, gemm_tile_v, split_range, vbk, vlen,
@@ -642,6 +644,78 @@ pub unsafe extern "ptx-kernel" fn conv_cols_sum(
     }
 }
 
+// ---------------------------------------------------------------------------
+// The data gradient by phases, for strided convolutions: input row
+// `s·a + r − p` takes only the taps `kh = r + s·j`, from output rows `a − j`,
+// so dx split by phase (r, r') is the stride-1 data gradient of
+// `ConvGeom::phases` (channels (c, r, r'), ⌈KH/s⌉×⌈KW/s⌉ taps, no padding,
+// input Ah×Aw = (OH + Jh − 1)×(OW + Jw − 1)) over dy itself, which the
+// stride-1 kernels above run. Around it:
+// - `conv_phase_filters`: its filter bank, wp[f, (c·s + r)·s + r', j, l] =
+//   w[f, c, r + s·j, r' + s·l], 0 past the window; a thread per element,
+//   grid-stride.
+// - `conv_phase_scatter`: dx[n, c, ih, iw] = yp[n, (c·s + r)·s + r', a, b]
+//   with ih + p = s·a + r, iw + p = s·b + r' (0 where (a, b) is past Ah×Aw),
+//   then the ReLU mask; a thread per element of dx (NCHW), grid-stride,
+//   dividing by the `FastDiv`s of W, H and s.
+// ---------------------------------------------------------------------------
+
+/// The filter bank of the data gradient by phases (see the section comment).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_phase_filters(s: ConvShape, w: *const f32, wp: *mut f32) {
+    let st = s.stride;
+    let (jh, jw) = (s.kh.div_ceil(st), s.kw.div_ceil(st));
+    let per_filter = s.cg() * st * st * jh * jw;
+    let total = s.c_out * per_filter;
+    let (mut i, step) = grid_stride_u32();
+    while i < total {
+        let (f, e) = (i / per_filter, i % per_filter);
+        let (crr, jl) = (e / (jh * jw), e % (jh * jw));
+        let (c, r) = (crr / (st * st), crr % (st * st));
+        let (kh, kw) = (r / st + st * (jl / jw), r % st + st * (jl % jw));
+        let v = if kh < s.kh && kw < s.kw {
+            unsafe { *w.add(((f * s.cg() + c) * s.kk() + kh * s.kw + kw) as usize) }
+        } else {
+            0.0
+        };
+        unsafe { *wp.add(i as usize) = v };
+        i += step;
+    }
+}
+
+/// dx from the data gradient by phases `yp` (see the section comment); with
+/// `s.relu`, 0 where `mask` (x) ≤ 0. `fw`, `fh`, `fs` divide by W, H and s.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_phase_scatter(
+    s: ConvShape,
+    yp: *const f32,
+    dx: *mut f32,
+    mask: *const f32,
+    fw: FastDiv,
+    fh: FastDiv,
+    fs: FastDiv,
+) {
+    let st = s.stride;
+    let (ah, aw) = (s.oh + s.kh.div_ceil(st) - 1, s.ow + s.kw.div_ceil(st) - 1);
+    let total = s.n * s.c_in * s.h * s.w;
+    let (mut i, step) = grid_stride_u32();
+    while i < total {
+        let (row, iw) = fw.divmod(i);
+        let (plane, ih) = fh.divmod(row);
+        let ((a, r), (b, rw)) = (fs.divmod(ih + s.pad), fs.divmod(iw + s.pad));
+        let mut v = 0.0;
+        if a < ah && b < aw {
+            let ch = ((plane * st + r) * st + rw) as usize;
+            v = unsafe { *yp.add((ch * ah as usize + a as usize) * aw as usize + b as usize) };
+        }
+        if s.relu != 0 && !(unsafe { *mask.add(i as usize) } > 0.0) {
+            v = 0.0;
+        }
+        unsafe { *dx.add(i as usize) = v };
+        i += step;
+    }
+}
+
 /// dy viewed as A(f, (n,oh,ow)) for one group.
 struct GradRows {
     dy: *const f32,
@@ -1111,6 +1185,9 @@ struct ConvTma {
     bk: u32,
     /// The data gradient's mirrored taps.
     flip: bool,
+    /// Roles swapped (`data_t`): the windows are A (the tile's 128 rows)
+    /// and the weight rows B.
+    swap: bool,
 }
 
 #[cfg(feature = "wgmma")]
@@ -1131,6 +1208,7 @@ impl ConvTma {
             chans: s.cg(),
             bk: vbk(half) * 2,
             flip: false,
+            swap: false,
         }
     }
 
@@ -1150,6 +1228,19 @@ impl ConvTma {
             chans: s.fg(),
             bk: vbk(half) * 2,
             flip: true,
+            swap: false,
+        }
+    }
+
+    /// [`ConvTma::data`] with the roles swapped: tile (x, y) (64 channels ×
+    /// 128 input pixels) of group g, the windows of dy as A and the weight
+    /// rows (of a 128-row box, the first 64 used) as B.
+    #[inline(always)]
+    fn data_t(maps: *const u8, s: ConvShape, half: bool, [x, y, g]: [u32; 3]) -> Self {
+        ConvTma {
+            row: g * s.cg() + x * 64,
+            swap: true,
+            ..ConvTma::data(maps, s, half, [y, 0, g])
         }
     }
 }
@@ -1199,11 +1290,12 @@ impl crate::gemm::TmaTiles for ConvTma {
         } else {
             (t.kh, t.kw)
         };
+        let (w, x) = if self.swap { (b, a) } else { (a, b) };
         unsafe {
-            tma_tile_3d(a, self.maps, t.c as i32, t.tap as i32, self.row as i32, bar);
+            tma_tile_3d(w, self.maps, t.c as i32, t.tap as i32, self.row as i32, bar);
             let c = (self.chan + t.c) as i32;
-            let x = self.maps.add(128);
-            tma_im2col_4d(b, x, c, self.iw, self.ih, self.img as i32, dw as u16, dh as u16, bar);
+            let map = self.maps.add(128);
+            tma_im2col_4d(x, map, c, self.iw, self.ih, self.img as i32, dw as u16, dh as u16, bar);
         }
         t.c += self.bk;
         if t.c >= self.chans {
@@ -1400,7 +1492,7 @@ pub unsafe extern "ptx-kernel" fn conv_backward_filter_nhwc16_bf16_wg_tma_big(
         (ConvTmaFilter { maps, s, span, step, cgp }, e)
     };
     let dims = [cgp * s.kk(), s.fg(), s.groups * splits];
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, true, true>(tile, dims, ring) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, true, true, 128>(tile, dims, ring) };
 }
 
 /// The operands of the TF32 weight gradient for the tensor memory
@@ -1488,7 +1580,7 @@ pub unsafe extern "ptx-kernel" fn conv_backward_filter_grid_tf32_wg_tma_big(
         (ConvTmaGrid { maps, s, span, wp, bx, boxes }, e)
     };
     let dims = [s.cg() * s.kk(), s.fg(), s.groups * splits];
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, false, false>(tile, dims, ring) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, false, false, 128>(tile, dims, ring) };
 }
 
 /// Convolution forward as [`conv_forward_nhwc_any`]'s 128×128 warpgroup
@@ -1506,7 +1598,7 @@ unsafe fn conv_forward_tma<const HALF: bool>(s: ConvShape, maps: *const u8, ring
         (l, e)
     };
     let dims = [s.n * s.oh * s.ow, s.fg(), s.groups];
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF, false>(tile, dims, ring) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF, false, 128>(tile, dims, ring) };
 }
 
 /// Convolution data gradient (stride 1) as
@@ -1523,7 +1615,48 @@ unsafe fn conv_backward_data_tma<const HALF: bool>(s: ConvShape, maps: *const u8
         (l, e)
     };
     let dims = [s.n * s.h * s.w, s.cg(), s.groups];
-    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF, false>(tile, dims, ring) };
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF, false, 128>(tile, dims, ring) };
+}
+
+/// [`conv_backward_data_tma`] with the roles swapped ([`ConvTma::data_t`]):
+/// 128 input pixels × 64 channels a tile (⌈N·H·W/128⌉ × ⌈Cg/64⌉ × G
+/// tiles), for groups of at most 64 channels, which 128-channel tiles
+/// would mostly pad (conv2's 48, and conv1's 48 phases).
+#[cfg(feature = "wgmma")]
+unsafe fn conv_backward_data_tma_t<const HALF: bool>(s: ConvShape, maps: *const u8, ring: u32, dx: *mut f32, mask: *const f32) {
+    let tile = |t: [u32; 3]| {
+        let l = ConvTma::data_t(maps, s, HALF, t);
+        let e = Transposed(StoreInputGrad::<true>::new(dx, mask, s, t[2]));
+        (l, e)
+    };
+    let dims = [s.cg(), s.n * s.h * s.w, s.groups];
+    unsafe { crate::gemm::gemm_tile_tma::<_, _, _, HALF, false, 64>(tile, dims, ring) };
+}
+
+/// [`conv_backward_data_tma_t`] in TF32 (dy and wt TF32-rounded fp32).
+#[cfg(feature = "wgmma")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_backward_data_nhwc_tf32_wg_tma_t(
+    s: ConvShape,
+    maps: *const u8,
+    ring: u32,
+    dx: *mut f32,
+    mask: *const f32,
+) {
+    unsafe { conv_backward_data_tma_t::<false>(s, maps, ring, dx, mask) }
+}
+
+/// [`conv_backward_data_tma_t`] in bf16 (dy and wt bf16).
+#[cfg(feature = "wgmma")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn conv_backward_data_nhwc16_bf16_wg_tma_t(
+    s: ConvShape,
+    maps: *const u8,
+    ring: u32,
+    dx: *mut f32,
+    mask: *const f32,
+) {
+    unsafe { conv_backward_data_tma_t::<true>(s, maps, ring, dx, mask) }
 }
 
 /// [`conv_backward_data_tma`] in TF32 (dy and wt TF32-rounded fp32).

@@ -1354,10 +1354,10 @@ unsafe fn ws_copy<A: VecOperand, B: VecOperand>(
 /// the warpgroup's 64 rows at `a` (A) and the 128 columns at `b` (B), in one
 /// group; then waits for the group before (so the tile before it is read).
 #[inline(always)]
-fn ws_mma<const HALF: bool>(acc: &mut [f32; 64], a: u32, b: u32) {
+fn ws_mma<const HALF: bool, const N: u32>(acc: &mut [f32; 64], a: u32, b: u32) {
     wgmma_fence();
     for s in 0..4u32 {
-        unsafe { wgmma::<HALF, 128>(acc, wg_desc_sw128(a + 32 * s), wg_desc_sw128(b + 32 * s)) };
+        unsafe { wgmma::<HALF, N>(acc, wg_desc_sw128(a + 32 * s), wg_desc_sw128(b + 32 * s)) };
     }
     wgmma_commit();
     wgmma_wait::<1>();
@@ -1455,7 +1455,7 @@ unsafe fn wg_products_sw<A: VecOperand, B: VecOperand, const HALF: bool>(
         cp_async_commit();
 
         let stage = smem + (t % WS_STAGES) * WS_STAGE_BYTES;
-        ws_mma::<HALF>(&mut acc, stage + 64 * h * WS_ROW, stage + b_off);
+        ws_mma::<HALF, 128>(&mut acc, stage + 64 * h * WS_ROW, stage + b_off);
     }
     wgmma_wait::<0>();
     cp_async_wait::<0>();
@@ -1504,8 +1504,10 @@ pub const fn tma_shared_bytes(stages: u32) -> u32 {
     stages * WS_STAGE_BYTES + 1024 + 16 * stages
 }
 
-/// The 128×128 tiles of C (`dims`: N, M, and independent problems, such as
-/// groups), each as [`gemm_tile_wg`]'s, with their operand tiles fetched by
+/// The 128×`BN` tiles of C (`dims`: N, M, and independent problems, such as
+/// groups; `BN` 128, or 64 where N is small: the `wgmma`s then read the
+/// first 64 rows of B's stage, whatever the loads put in the rest), each as
+/// [`gemm_tile_wg`]'s, with their operand tiles fetched by
 /// the tensor memory accelerator ([`TmaTiles`], `tile([x, y, problem])`
 /// giving a tile's operands and epilogue) into `stages`
 /// (2..=[`TMA_STAGES_MAX`]) stages laid out as [`wg_products_sw`]'s.
@@ -1524,9 +1526,17 @@ pub const fn tma_shared_bytes(stages: u32) -> u32 {
 /// weight gradient's. `ring`: the stage count
 /// in its low byte, and [`TMA_DIRECT_STORE`]. Where a block has one tile
 /// and the stages hold [`STAGED_BYTES`] (3 or more), the free stages stage
-/// the epilogue ([`wg_store_staged`]) unless that bit says not to.
+/// a 128-column tile's epilogue ([`wg_store_staged`]) unless that bit says
+/// not to.
 #[inline(always)]
-pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, T: Fn([u32; 3]) -> (L, E), const HALF: bool, const MN: bool>(
+pub unsafe fn gemm_tile_tma<
+    L: TmaTiles,
+    E: Epilogue,
+    T: Fn([u32; 3]) -> (L, E),
+    const HALF: bool,
+    const MN: bool,
+    const BN: u32,
+>(
     tile: T,
     [n_total, m_total, problems]: [u32; 3],
     ring: u32,
@@ -1541,10 +1551,11 @@ pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, T: Fn([u32; 3]) -> (L, E),
     let full = smem + stages * WS_STAGE_BYTES;
     let empty = full + 8 * stages;
     let b_off = 128 * WS_ROW;
-    let (nx, ny) = (n_total.div_ceil(128), m_total.div_ceil(128));
+    let (nx, ny) = (n_total.div_ceil(BN), m_total.div_ceil(128));
     let total = nx * ny * problems;
     let at = |i: u32| [i % nx, i / nx % ny, i / (nx * ny)];
-    let staged = ring & TMA_DIRECT_STORE == 0 && gdim_x() >= total && stages * WS_STAGE_BYTES >= STAGED_BYTES;
+    let staged =
+        BN == 128 && ring & TMA_DIRECT_STORE == 0 && gdim_x() >= total && stages * WS_STAGE_BYTES >= STAGED_BYTES;
     if tid == 0 {
         for s in 0..stages {
             unsafe {
@@ -1605,7 +1616,7 @@ pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, T: Fn([u32; 3]) -> (L, E),
             if MN {
                 ws_mma_mn(&mut acc, stage + 64 * h * WS_ROW, stage + b_off);
             } else {
-                ws_mma::<HALF>(&mut acc, stage + 64 * h * WS_ROW, stage + b_off);
+                ws_mma::<HALF, BN>(&mut acc, stage + 64 * h * WS_ROW, stage + b_off);
             }
             // `ws_mma` waited for the K tile before this one: its stage is free.
             if let Some(p) = last
@@ -1621,11 +1632,11 @@ pub unsafe fn gemm_tile_tma<L: TmaTiles, E: Epilogue, T: Fn([u32; 3]) -> (L, E),
         {
             unsafe { mbar_arrive(empty + 8 * p) };
         }
-        wgmma_hold::<128>(&mut acc);
+        wgmma_hold::<BN>(&mut acc);
         if staged {
             unsafe { wg_store_staged(&e, &acc, smem, y * 128, x * 128, m_total, n_total) };
         } else {
-            unsafe { wg_store(&e, &acc, 128, y * 128, x * 128, m_total, n_total) };
+            unsafe { wg_store(&e, &acc, BN, y * 128, x * BN, m_total, n_total) };
         }
         i += gdim_x();
     }

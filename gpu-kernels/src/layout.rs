@@ -39,10 +39,10 @@
 //! `pixel_grid_tf32` copies an NCHW tensor channel-major onto a padded
 //! pixel grid, `[copies][C][N·Hp·Wp]` rounded to TF32, each copy shifted
 //! by one more pixel (the TF32 weight gradient's K-major operands); a
-//! thread per 16-byte store, 1-D grid-stride.
+//! thread per 16-byte store, 1-D grid-stride, its divisions by `FastDiv`s.
 
 use crate::device::{
-    bf16_bits, bid_x, bid_y, bid_z, gdim_x, grid_stride, pack_bf16, shared, sync_threads, tid_x, tid_y,
+    FastDiv, bf16_bits, bid_x, bid_y, bid_z, gdim_x, grid_stride, pack_bf16, shared, sync_threads, tid_x, tid_y,
     tf32_rounded, warp_sum,
 };
 
@@ -370,28 +370,39 @@ pub struct GridGeom {
 /// grid of the TF32 weight gradient
 /// (`conv::conv_backward_filter_grid_tf32_wg_tma_big`), where each filter
 /// tap is a shift of the pixel index. One thread per 4 destination
-/// elements (a 16-byte store), 1-D grid-stride.
+/// elements (a 16-byte store), 1-D grid-stride; the four divisors are
+/// `FastDiv`s made once per thread.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn pixel_grid_tf32(src: *const f32, dst: *mut f32, g: GridGeom) {
+    if g.len < 4 || g.c == 0 || g.hp == 0 || g.wp == 0 {
+        return;
+    }
     let (i, step) = grid_stride();
     let (mut idx, step) = (i as u32, step as u32);
-    let per_row = g.len / 4;
-    let image = g.hp * g.wp;
-    while idx < g.copies * g.c * per_row {
-        let (row, q0) = (idx / per_row, idx % per_row * 4);
-        let (k, c) = (row / g.c, row % g.c);
-        let value = |q: u32| {
-            let at = (q + k) as i32 + g.shift;
-            let (b, r) = (at as u32 / image, at as u32 % image);
-            let (y, x) = (r / g.wp, r % g.wp);
-            if at >= 0 && b < g.batches && y < g.h && x < g.w {
-                let at = ((b * g.c + c) * g.h + y) as usize * g.w as usize + x as usize;
+    let per_row = FastDiv::new(g.len / 4);
+    let chans = FastDiv::new(g.c);
+    let image = FastDiv::new(g.hp * g.wp);
+    let wp = FastDiv::new(g.wp);
+    let plane = (g.h * g.w) as usize;
+    while idx < g.copies * g.c * per_row.d {
+        let (row, q) = per_row.divmod(idx);
+        let (k, c) = chans.divmod(row);
+        let first = (q * 4 + k) as i32 + g.shift;
+        let value = |j: i32| {
+            let at = first + j;
+            if at < 0 {
+                return 0.0;
+            }
+            let (b, r) = image.divmod(at as u32);
+            let (y, x) = wp.divmod(r);
+            if b < g.batches && y < g.h && x < g.w {
+                let at = (b * g.c + c) as usize * plane + (y * g.w + x) as usize;
                 unsafe { *src.add(at) }
             } else {
                 0.0
             }
         };
-        let v = [value(q0), value(q0 + 1), value(q0 + 2), value(q0 + 3), 0.0, 0.0, 0.0, 0.0];
+        let v = [value(0), value(1), value(2), value(3), 0.0, 0.0, 0.0, 0.0];
         unsafe { Tf32::store_vec(dst as *mut Tf32, idx as usize * 4, v) };
         idx += step;
     }

@@ -79,6 +79,31 @@ impl ConvGeom {
     pub fn macs(&self) -> usize {
         self.y_len() * (self.c_in / self.groups) * self.k_h * self.k_w
     }
+
+    /// The stride-1 convolution whose data gradient holds this one's split
+    /// by phase: at stride s, input row `s·a + r − pad` takes only the taps
+    /// `kh = r + s·j`, from output rows `a − j`, so phase (r, r') of
+    /// channel c is a stride-1 data gradient over dy with ⌈KH/s⌉×⌈KW/s⌉
+    /// taps. Its channels are (c, r, r') (`C_in·s²`), its filters this
+    /// one's, its input `(OH + Jh − 1) × (OW + Jw − 1)` unpadded, its
+    /// output this one's dy. `conv_phase_filters` makes its filter bank,
+    /// `conv_phase_scatter` puts its data gradient in place as dx.
+    pub fn phases(&self) -> ConvGeom {
+        let s = self.stride;
+        let (jh, jw) = (self.k_h.div_ceil(s), self.k_w.div_ceil(s));
+        ConvGeom {
+            n: self.n,
+            c_in: self.c_in * s * s,
+            h: self.out_h() + jh - 1,
+            w: self.out_w() + jw - 1,
+            c_out: self.c_out,
+            k_h: jh,
+            k_w: jw,
+            stride: 1,
+            pad: 0,
+            groups: self.groups,
+        }
+    }
 }
 
 /// Shape of a `pixel_grid_tf32` layout change: `batches` NCHW images of

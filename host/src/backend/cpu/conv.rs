@@ -321,3 +321,58 @@ pub fn conv_cols_sum(
             }
         });
 }
+
+/// The filter bank of the data gradient by phases (twin of the GPU's
+/// `conv_phase_filters`; see [`ConvGeom::phases`]): `wp[f, (c·s + r)·s +
+/// r', j, l] = w[f, c, r + s·j, r' + s·l]`, 0 where that tap is past the
+/// window. `wp` is the filter bank of `g.phases()`.
+pub fn conv_phase_filters(g: &ConvGeom, w: &[f32], wp: &mut [f32]) {
+    check_geom(g);
+    let p = g.phases();
+    check_len("w", w.len(), g.w_len());
+    check_len("wp", wp.len(), p.w_len());
+    let (s, cg, kk) = (g.stride, g.c_in / g.groups, g.k_h * g.k_w);
+    let jj = p.k_h * p.k_w;
+    for (i, out) in wp.iter_mut().enumerate() {
+        let (f, e) = (i / (cg * s * s * jj), i % (cg * s * s * jj));
+        let (crr, jl) = (e / jj, e % jj);
+        let (c, r) = (crr / (s * s), crr % (s * s));
+        let kh = r / s + s * (jl / p.k_w);
+        let kw = r % s + s * (jl % p.k_w);
+        let inside = kh < g.k_h && kw < g.k_w;
+        *out = if inside {
+            w[(f * cg + c) * kk + kh * g.k_w + kw]
+        } else {
+            0.0
+        };
+    }
+}
+
+/// dx from the data gradient by phases (twin of the GPU's
+/// `conv_phase_scatter`; see [`ConvGeom::phases`]): with `ih + pad = s·a +
+/// r` and `iw + pad = s·b + r'`, `dx[n, c, ih, iw] = yp[n, (c·s + r)·s +
+/// r', a, b]`, 0 where (a, b) is past `yp`'s plane (no tap reaches that
+/// input); with `mask`, 0 where `mask` (x) ≤ 0. `yp` is the data gradient
+/// of `g.phases()` (`[N, C_in·s², Ah, Aw]`).
+pub fn conv_phase_scatter(g: &ConvGeom, yp: &[f32], dx: &mut [f32], mask: Option<&[f32]>) {
+    check_geom(g);
+    let p = g.phases();
+    check_len("yp", yp.len(), p.x_len());
+    check_len("dx", dx.len(), g.x_len());
+    if let Some(m) = mask {
+        check_len("mask", m.len(), g.x_len());
+    }
+    let (s, hw) = (g.stride, g.h * g.w);
+    for (i, out) in dx.iter_mut().enumerate() {
+        let (plane, at) = (i / hw, i % hw);
+        let (hp, wq) = (at / g.w + g.pad, at % g.w + g.pad);
+        let (a, b) = (hp / s, wq / s);
+        let keep = mask.is_none_or(|m| m[i] > 0.0);
+        *out = if keep && a < p.h && b < p.w {
+            let ch = (plane * s + hp % s) * s + wq % s;
+            yp[(ch * p.h + a) * p.w + b]
+        } else {
+            0.0
+        };
+    }
+}

@@ -228,6 +228,23 @@ fn conv_backward_finite_differences() {
     check_gradient("conv db", &b, &db, |b| dot(&dy, &conv(&g, &x, &w, b)));
 }
 
+/// `want` with the ReLU mask applied where `masked` (0 where `mask` ≤ 0).
+fn masked_want(want: &[f32], mask: &[f32], masked: bool) -> Vec<f64> {
+    want.iter()
+        .zip(mask)
+        .map(|(&d, m)| if !masked || *m > 0.0 { d as f64 } else { 0.0 })
+        .collect()
+}
+
+/// Random dy, w and mask of `g`, and the direct data gradient from them.
+fn data_grad_case(r: &mut StdRng, g: &ConvGeom) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (dy, w) = (random_vec(r, g.y_len(), 1.0), random_vec(r, g.w_len(), 1.0));
+    let mask = random_vec(r, g.x_len(), 1.0);
+    let mut want = poisoned(g.x_len());
+    conv::conv_backward_data(g, &dy, &w, &mut want);
+    (dy, w, mask, want)
+}
+
 /// The data gradient by columns (the GPU's path for strided layers with
 /// few channels) equals the direct one, in two chunks of images, groups 2,
 /// stride 3, with and without the ReLU mask.
@@ -246,13 +263,7 @@ fn conv_data_by_columns_matches_direct() {
         pad: 2,
         groups: 2,
     };
-    let (dy, w) = (
-        random_vec(&mut r, g.y_len(), 1.0),
-        random_vec(&mut r, g.w_len(), 1.0),
-    );
-    let mask = random_vec(&mut r, g.x_len(), 1.0);
-    let mut want = poisoned(g.x_len());
-    conv::conv_backward_data(&g, &dy, &w, &mut want);
+    let (dy, w, mask, want) = data_grad_case(&mut r, &g);
     let per_img = g.c_in * g.k_h * g.k_w * g.out_h() * g.out_w();
     for masked in [false, true] {
         let mut got = poisoned(g.x_len());
@@ -261,12 +272,51 @@ fn conv_data_by_columns_matches_direct() {
             conv::conv_backward_data_cols(&g, &dy, &w, &mut cols, imgs.clone());
             conv::conv_cols_sum(&g, &cols, &mut got, masked.then_some(&mask[..]), imgs);
         }
-        let want: Vec<f64> = want
-            .iter()
-            .zip(&mask)
-            .map(|(&d, m)| if !masked || *m > 0.0 { d as f64 } else { 0.0 })
-            .collect();
+        let want = masked_want(&want, &mask, masked);
         assert_close("conv dx by columns", &got, &want, 1e-5);
+    }
+}
+
+/// The data gradient by phases (the GPU's path for strided layers) equals
+/// the direct one: the stride-1 data gradient of `ConvGeom::phases` over
+/// the rearranged filters, put in place by `conv_phase_scatter`, with and
+/// without the ReLU mask, on conv1's window and stride, groups 2 with a
+/// 5×4 window at stride 3, a window smaller than the stride, and a shape
+/// whose last input rows and columns no tap reaches (they must be 0).
+#[test]
+fn conv_data_by_phases_matches_direct() {
+    let mut r = rng(9);
+    let geom = |n, c_in, h, w, c_out, k_h, k_w, stride, pad, groups| ConvGeom {
+        n,
+        c_in,
+        h,
+        w,
+        c_out,
+        k_h,
+        k_w,
+        stride,
+        pad,
+        groups,
+    };
+    for g in [
+        geom(2, 3, 31, 27, 4, 11, 11, 4, 2, 1),
+        geom(3, 4, 11, 9, 6, 5, 4, 3, 2, 2),
+        geom(1, 2, 8, 7, 3, 2, 1, 3, 0, 1),
+        geom(2, 2, 13, 14, 2, 3, 3, 4, 0, 1),
+    ] {
+        let p = g.phases();
+        assert_eq!((p.out_h(), p.out_w()), (g.out_h(), g.out_w()), "{g:?}");
+        let (dy, w, mask, want) = data_grad_case(&mut r, &g);
+        let mut wp = poisoned(p.w_len());
+        conv::conv_phase_filters(&g, &w, &mut wp);
+        let mut yp = poisoned(p.x_len());
+        conv::conv_backward_data(&p, &dy, &wp, &mut yp);
+        for masked in [false, true] {
+            let mut got = poisoned(g.x_len());
+            conv::conv_phase_scatter(&g, &yp, &mut got, masked.then_some(&mask[..]));
+            let want = masked_want(&want, &mask, masked);
+            assert_close(&format!("conv dx by phases {g:?}"), &got, &want, 1e-5);
+        }
     }
 }
 

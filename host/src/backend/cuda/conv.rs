@@ -33,7 +33,9 @@
 use super::gemm::{VecTile, grid, tiles, vec_cfg};
 use super::layout::{Elem, TRANSPOSE_COLS, row_patches, transpose};
 use super::tma::{TmaProduct, grid_box};
-use super::{CudaBackend, DevBuf, Scratch, check_len, gemm_names, grid_1d, launch};
+use super::{
+    CudaBackend, DevBuf, FastDiv, Scratch, StridedData, check_len, gemm_names, grid_1d, launch,
+};
 use crate::backend::{ConvGeom, GridGeom, RowGeom, TunedKernel};
 use anyhow::Result;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
@@ -257,6 +259,7 @@ fn chosen(be: &CudaBackend, product: Product, g: &ConvGeom) -> (&'static str, (u
             let (name, cfg) = cols_plan(be, g, g.n);
             (name, cfg.grid_dim)
         }
+        Product::Data if by_phases(be, g) => chosen(be, product, &g.phases()),
         Product::Data => {
             data_channels_last(be, g).map_or(("gemm", (0, 0, 0)), |p| (p.name, p.cfg.grid_dim))
         }
@@ -270,6 +273,8 @@ type Candidate = ((&'static str, (u32, u32, u32)), Option<Knobs>);
 /// The distinct plans `product` of `g` can run under the knobs the autotune
 /// tries, the heuristic's first (leaves no choice set for it).
 fn candidates(be: &CudaBackend, product: Product, g: &ConvGeom) -> Vec<Candidate> {
+    let (product, g) = &tuned_as(be, product, g);
+    let product = *product;
     be.set_knobs(product, g, None);
     let mut cands = vec![(chosen(be, product, g), None)];
     for k in TUNE_KNOBS {
@@ -284,6 +289,15 @@ fn candidates(be: &CudaBackend, product: Product, g: &ConvGeom) -> Vec<Candidate
     }
     be.set_knobs(product, g, None);
     cands
+}
+
+/// The product and shape whose knobs choose `product` of `g`'s kernel: a
+/// strided data gradient by phases runs a stride-1 one's.
+fn tuned_as(be: &CudaBackend, product: Product, g: &ConvGeom) -> (Product, ConvGeom) {
+    match product {
+        Product::Data if by_phases(be, g) => (product, g.phases()),
+        _ => (product, *g),
+    }
 }
 
 /// Whether the autotune may try `k` under the backend's settings: a
@@ -303,11 +317,12 @@ pub(super) fn for_each_candidate(
     mut f: impl FnMut(&str) -> Result<()>,
 ) -> Result<usize> {
     let cands = candidates(be, product, g);
+    let (tp, tg) = tuned_as(be, product, g);
     let result = cands.iter().try_for_each(|&((name, _), k)| {
-        be.set_knobs(product, g, k);
+        be.set_knobs(tp, &tg, k);
         f(name)
     });
-    be.set_knobs(product, g, None);
+    be.set_knobs(tp, &tg, None);
     result.map(|()| cands.len())
 }
 
@@ -372,13 +387,14 @@ pub(super) fn autotune(be: &CudaBackend, g: &ConvGeom, data: bool) -> Result<Vec
         if cands.len() < 2 {
             continue;
         }
+        let (tp, tg) = tuned_as(be, product, g);
         let b = match &mut bufs {
             Some(b) => b,
             None => bufs.insert(TuneBufs::new(be, g)?),
         };
         let mut times = Vec::with_capacity(cands.len());
         for &(_, k) in &cands {
-            be.set_knobs(product, g, k);
+            be.set_knobs(tp, &tg, k);
             let mut t = be.time_events(1, TUNE_REPS, || b.run(be, g, product))?;
             t.sort_by(f32::total_cmp);
             times.push(t[t.len() / 2]);
@@ -386,7 +402,7 @@ pub(super) fn autotune(be: &CudaBackend, g: &ConvGeom, data: bool) -> Result<Vec
         let best = (0..cands.len())
             .min_by(|&i, &j| times[i].total_cmp(&times[j]))
             .unwrap_or(0);
-        be.set_knobs(product, g, cands[best].1);
+        be.set_knobs(tp, &tg, cands[best].1);
         let t = TunedKernel {
             product: label.to_string(),
             kernel: cands[best].0.0.to_string(),
@@ -500,19 +516,36 @@ pub(super) fn conv_backward_data(
     check_len("conv_backward_data w", w, g.w_len())?;
     check_len("conv_backward_data dx", dx, g.x_len())?;
     let mask = relu_of.unwrap_or(dy);
+    data_product(be, g, &s, dy, w, dx, mask)
+}
+
+/// `conv_backward_data` past its checks of the buffers' lengths (which
+/// may be longer than `g` needs: scratch).
+fn data_product(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    s: &ConvShape,
+    dy: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    dx: &mut CudaSlice<f32>,
+    mask: &CudaSlice<f32>,
+) -> Result<()> {
+    if by_phases(be, g) {
+        return data_by_phases(be, g, s, dy, w, dx, mask);
+    }
     if by_columns(be, g) {
-        return data_by_columns(be, g, &s, dy, w, dx, mask);
+        return data_by_columns(be, g, s, dy, w, dx, mask);
     }
     if let Some(plan) = data_channels_last(be, g) {
         return dy_nhwc(be, g, dy, plan.half, None, |dyt| {
-            data_from_nhwc(be, g, &s, &plan, dyt, w, dx, mask)
+            data_from_nhwc(be, g, s, &plan, dyt, w, dx, mask)
         });
     }
     let (cg, pixels) = (g.c_in / g.groups, g.n * g.h * g.w);
     let wide = be.wide_tiles_data_grad();
     let cfg = grid(cg, pixels, g.groups, wide);
     let what = || format!("{g:?}");
-    launch!(be, be.gemm_kernel(gemm_names!("conv_backward_data"), wide), cfg, what; &s, dy, w, dx, mask)
+    launch!(be, be.gemm_kernel(gemm_names!("conv_backward_data"), wide), cfg, what; s, dy, w, dx, mask)
 }
 
 /// The data gradient's shape: `relu` set when it also does the ReLU's
@@ -533,7 +566,105 @@ fn data_shape(g: &ConvGeom, relu_of: Option<&CudaSlice<f32>>) -> Result<ConvShap
 /// whole tiles as well; conv1's data gradient took 112 ms (TF32) and 56 ms
 /// (bf16) that way at batch 128 on an H100, against cuDNN's 0.80 and 2.07.
 pub(super) fn by_columns(be: &CudaBackend, g: &ConvGeom) -> bool {
-    be.data_cols && g.stride > 1
+    be.strided_data == StridedData::Columns && g.stride > 1
+}
+
+/// Whether `g`'s data gradient goes by phases (`data_by_phases`, the
+/// default for strides above 1).
+pub(super) fn by_phases(be: &CudaBackend, g: &ConvGeom) -> bool {
+    be.strided_data == StridedData::Phases && g.stride > 1
+}
+
+/// The data gradient by phases ([`ConvGeom::phases`]): `conv_phase_filters`
+/// into scratch `Phases`, the stride-1 data gradient of `g.phases()` over
+/// dy as the autotune chose it for that shape into scratch `Cols`, then
+/// `conv_phase_scatter` into dx (with the ReLU mask where `s.relu`).
+fn data_by_phases(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    s: &ConvShape,
+    dy: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    dx: &mut CudaSlice<f32>,
+    mask: &CudaSlice<f32>,
+) -> Result<()> {
+    let p = g.phases();
+    let ps = shape(&p)?;
+    phases_fit(g)?;
+    be.with_scratch(Scratch::Phases, p.w_len(), |wp| {
+        phase_filters(be, g, s, w, wp)?;
+        be.with_scratch(Scratch::Cols, p.x_len(), |yp| {
+            data_product(be, &p, &ps, dy, wp, yp, dy)?;
+            phase_scatter(be, g, s, yp, dx, mask)
+        })
+    })
+}
+
+/// An error unless dx and the phase planes of `g` have fewer than 2^31
+/// elements (`conv_phase_scatter` indexes both in 32 bits).
+fn phases_fit(g: &ConvGeom) -> Result<()> {
+    anyhow::ensure!(
+        g.x_len().max(g.phases().x_len()) < i32::MAX as usize,
+        "conv_backward_data {g:?}: more than 2^31 elements of dx or of its phases"
+    );
+    Ok(())
+}
+
+/// `conv_phase_filters`: `g.phases()`'s filter bank from `w` into `wp`.
+fn phase_filters(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    s: &ConvShape,
+    w: &CudaSlice<f32>,
+    wp: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let len = g.phases().w_len();
+    let what = || format!("{g:?} phase filters");
+    launch!(be, "conv_phase_filters", grid_1d(be, len), what; s, w, wp)
+}
+
+/// `conv_phase_scatter`: dx from the data gradient of `g.phases()` in
+/// `yp` (with the ReLU mask where `s.relu`).
+fn phase_scatter(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    s: &ConvShape,
+    yp: &CudaSlice<f32>,
+    dx: &mut CudaSlice<f32>,
+    mask: &CudaSlice<f32>,
+) -> Result<()> {
+    let div = |d: usize| FastDiv::new(d as u32);
+    let (fw, fh, fs) = (div(g.w), div(g.h), div(g.stride));
+    let what = || format!("{g:?} phase scatter");
+    let cfg = grid_1d(be, g.x_len());
+    launch!(be, "conv_phase_scatter", cfg, what; s, yp, dx, mask, &fw, &fh, &fs)
+}
+
+/// [`phase_filters`] with its buffers checked.
+pub(super) fn conv_phase_filters(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    w: &CudaSlice<f32>,
+    wp: &mut CudaSlice<f32>,
+) -> Result<()> {
+    check_len("conv_phase_filters w", w, g.w_len())?;
+    check_len("conv_phase_filters wp", wp, g.phases().w_len())?;
+    phase_filters(be, g, &shape(g)?, w, wp)
+}
+
+/// [`phase_scatter`] with its buffers checked (`relu_of`: the mask).
+pub(super) fn conv_phase_scatter(
+    be: &CudaBackend,
+    g: &ConvGeom,
+    yp: &CudaSlice<f32>,
+    dx: &mut CudaSlice<f32>,
+    relu_of: Option<&CudaSlice<f32>>,
+) -> Result<()> {
+    let s = data_shape(g, relu_of)?;
+    check_len("conv_phase_scatter yp", yp, g.phases().x_len())?;
+    check_len("conv_phase_scatter dx", dx, g.x_len())?;
+    phases_fit(g)?;
+    phase_scatter(be, g, &s, yp, dx, relu_of.unwrap_or(yp))
 }
 
 /// The first kernel of `g`'s data gradient under the current settings.
@@ -591,18 +722,38 @@ struct VecPlan {
 
 /// The channels-last data-gradient kernel for `g`, if the shape takes it.
 fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
-    if by_columns(be, g) {
+    if by_columns(be, g) || by_phases(be, g) {
         return None;
     }
     let k = be.knobs(Product::Data, g);
     let (cg, fg) = (g.c_in / g.groups, g.c_out / g.groups);
     let fits = [fg.is_multiple_of(4), fg.is_multiple_of(8)];
     let pixels = g.n * g.h * g.w;
+    // Groups of at most 64 channels take the TMA kernel with the roles
+    // swapped (128 pixels × 64 channels a tile), where 128×128 tiles would
+    // pad more than half of each tile (conv2's 48, conv1's phases' 48),
+    // unless the knobs ask for no transposed products.
+    let swapped = cg <= 64 && k.transposed == Transposed::Padded;
     if k.big != Some(false)
         && k.transposed != Transposed::All
-        && let Some((name, half)) = be.tma_data_kernel(g)
+        && let Some((name, half)) = be.tma_data_kernel(g, swapped)
     {
-        let cfg = vec_cfg(grid(cg, pixels, g.groups, true), name);
+        let cfg = if swapped {
+            let grid_dim = (
+                pixels.div_ceil(128) as u32,
+                cg.div_ceil(64) as u32,
+                g.groups as u32,
+            );
+            vec_cfg(
+                LaunchConfig {
+                    grid_dim,
+                    ..grid(cg, pixels, g.groups, true)
+                },
+                name,
+            )
+        } else {
+            vec_cfg(grid(cg, pixels, g.groups, true), name)
+        };
         return Some(VecPlan { name, half, cfg });
     }
     if let Some(plan) = transposed(be, k, "conv_backward_data_nhwc", cg, pixels, g.groups, fits) {

@@ -112,7 +112,7 @@ pub(super) fn vec_cfg(cfg: LaunchConfig, name: &str) -> LaunchConfig {
         VecTile::Slim => (3, 192, gx),
     };
     let (threads, shared_mem_bytes) = match (is_wg_kernel(name), tile) {
-        (true, VecTile::Big) if name.contains("_tma") => (WG_TMA_THREADS, tma_shared(TMA_STAGES)),
+        (true, _) if name.contains("_tma") => (WG_TMA_THREADS, tma_shared(TMA_STAGES)),
         (true, VecTile::Big) => (WG_BIG_THREADS, WG_BIG_SHARED),
         (true, _) => (128, 4 * rows * 64),
         (false, _) => (128, stages * rows * 80),

@@ -73,6 +73,8 @@ const KERNELS: &[&str] = &[
     "conv_backward_data_cols_tf32_wide",
     "conv_backward_data_cols_bf16_wide",
     "conv_cols_sum",
+    "conv_phase_filters",
+    "conv_phase_scatter",
     "conv_backward_filter_sum",
     "conv_forward_nhwc_tf32",
     "conv_forward_nhwc_bf16",
@@ -223,6 +225,8 @@ const WG_KERNELS: &[&str] = &[
     "conv_forward_nhwc16_bf16_wg_tma_big",
     "conv_backward_data_nhwc_tf32_wg_tma_big",
     "conv_backward_data_nhwc16_bf16_wg_tma_big",
+    "conv_backward_data_nhwc_tf32_wg_tma_t",
+    "conv_backward_data_nhwc16_bf16_wg_tma_t",
     "conv_backward_filter_nhwc16_bf16_wg_tma_big",
     "conv_backward_filter_grid_tf32_wg_tma_big",
 ];
@@ -326,6 +330,35 @@ impl TmaFilter {
     }
 }
 
+/// How strided convolutions take their data gradient
+/// (`ALEXNET_STRIDED_DATA`: `phases` (the default), `columns` or `gather`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StridedData {
+    /// Split by phase into a stride-1 data gradient over dy
+    /// ([`ConvGeom::phases`]) and `conv_phase_scatter`: no zero taps past
+    /// the window's edges, and the stride-1 kernels' tiles (conv1 on the
+    /// H200: see benches/NOTES.md).
+    Phases,
+    /// A dense product into columns (`conv_backward_data_cols`), summed per
+    /// input pixel (`conv_cols_sum`): conv1 1.35 ms in TF32 at batch 128.
+    Columns,
+    /// The gathered products, which multiply s² − 1 of every s² taps by
+    /// zero: conv1 112 ms (tests and benchmarks only).
+    Gather,
+}
+
+impl StridedData {
+    /// The setting `ALEXNET_STRIDED_DATA` (`None`: unset) names.
+    pub fn parse(v: Option<String>) -> Result<Self> {
+        Ok(match v.as_deref() {
+            None | Some("phases") => Self::Phases,
+            Some("columns") => Self::Columns,
+            Some("gather") => Self::Gather,
+            Some(v) => bail!("ALEXNET_STRIDED_DATA must be phases, columns or gather, got {v:?}"),
+        })
+    }
+}
+
 /// How a TMA kernel's 1-D grid covers its 128×128 tiles (each block takes
 /// tiles b, b + grid, …).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -405,10 +438,9 @@ pub struct CudaBackend {
     /// channels, 128×48 or 128×64 tiles) instead (`ALEXNET_TRANSPOSED=0`
     /// turns them off; benchmarks and tests).
     transposed: bool,
-    /// Whether strided convolutions take their data gradient by columns
-    /// (`conv::by_columns`; `ALEXNET_DATA_COLS=0` turns it off: tests and
-    /// benchmarks of the gathered kernels).
-    data_cols: bool,
+    /// How strided convolutions take their data gradient ([`StridedData`];
+    /// `ALEXNET_STRIDED_DATA`).
+    strided_data: StridedData,
     /// Floats of the data gradient's column buffer (`Scratch::Cols`) at
     /// most; the images go through it in chunks that fit (at least one).
     cols_budget: usize,
@@ -466,7 +498,7 @@ pub struct CudaBackend {
     tma_direct_store: bool,
     /// Scratch for the channels-last path, by [`Scratch`] slot, grown on
     /// demand like `workspace`.
-    scratch: [Mutex<Option<CudaSlice<f32>>>; 7],
+    scratch: [Mutex<Option<CudaSlice<f32>>>; 8],
     /// The per-step values that dropout and SGD kernels read (`graph.rs`).
     step_values: Mutex<graph::StepValues>,
     /// Set while a step graph is captured: writing the per-step values and
@@ -496,6 +528,8 @@ enum Scratch {
     GridX = 5,
     /// dy on that grid.
     GridDy = 6,
+    /// The filter bank of the data gradient by phases (`conv::by_phases`).
+    Phases = 7,
 }
 
 /// Tile height of the GEMM engine's products (conv and fc): 64 or 128 rows
@@ -648,7 +682,7 @@ impl CudaBackend {
                 _ => None,
             },
             transposed: std::env::var("ALEXNET_TRANSPOSED").map_or(true, |v| v != "0"),
-            data_cols: std::env::var("ALEXNET_DATA_COLS").map_or(true, |v| v != "0"),
+            strided_data: StridedData::parse(std::env::var("ALEXNET_STRIDED_DATA").ok())?,
             cols_budget: 1 << 26,
             autotune: false,
             tuned: Default::default(),
@@ -707,12 +741,12 @@ impl CudaBackend {
             .clear();
     }
 
-    /// Whether strided convolutions take their data gradient by columns
-    /// (the default) or through the gathered products; and the most floats
-    /// its column buffer may take (default 2^26, 256 MiB; at least one
-    /// image's columns are always made). For tests and benchmarks.
-    pub fn set_data_cols(&mut self, on: bool, budget: Option<usize>) {
-        self.data_cols = on;
+    /// How strided convolutions take their data gradient ([`StridedData`]);
+    /// and the most floats the columns path's buffer may take (default
+    /// 2^26, 256 MiB; at least one image's columns are always made). For
+    /// tests and benchmarks.
+    pub fn set_strided_data(&mut self, how: StridedData, budget: Option<usize>) {
+        self.strided_data = how;
         if let Some(b) = budget {
             self.cols_budget = b;
         }
@@ -720,8 +754,9 @@ impl CudaBackend {
     }
 
     /// The kernel that `g`'s data gradient runs under the current settings
-    /// (the first of two for the columns path; `"gemm"` for the NCHW
-    /// engine's). For tests: which path a shape takes.
+    /// (the first of two for the columns path, the stride-1 product for the
+    /// phases path; `"gemm"` for the NCHW engine's). For tests: which path a
+    /// shape takes.
     pub fn conv_data_kernel(&self, g: &ConvGeom) -> &'static str {
         conv::data_kernel(self, g)
     }
@@ -1018,16 +1053,18 @@ impl CudaBackend {
     }
 
     /// The TMA data-gradient kernel for `g` and whether it reads bf16, if
-    /// it is on and the shape fits.
-    fn tma_data_kernel(&self, g: &ConvGeom) -> Option<(&'static str, bool)> {
+    /// it is on and the shape fits: with `swapped`, the one with 128 pixels
+    /// × 64 channels a tile (`_tma_t`), else 128×128.
+    fn tma_data_kernel(&self, g: &ConvGeom, swapped: bool) -> Option<(&'static str, bool)> {
         let half = self.tma_half()?;
         if !self.tma_data || tma::conv_data_unfit(g, half).is_some() {
             return None;
         }
-        let name = if half {
-            "conv_backward_data_nhwc16_bf16_wg_tma_big"
-        } else {
-            "conv_backward_data_nhwc_tf32_wg_tma_big"
+        let name = match (half, swapped) {
+            (true, false) => "conv_backward_data_nhwc16_bf16_wg_tma_big",
+            (false, false) => "conv_backward_data_nhwc_tf32_wg_tma_big",
+            (true, true) => "conv_backward_data_nhwc16_bf16_wg_tma_t",
+            (false, true) => "conv_backward_data_nhwc_tf32_wg_tma_t",
         };
         self.funcs.get_key_value(name).map(|(k, _)| (*k, half))
     }
@@ -1286,6 +1323,29 @@ impl CudaBackend {
         g: &crate::backend::GridGeom,
     ) -> Result<()> {
         layout::pixel_grid_tf32(self, src, dst, g)
+    }
+
+    /// `conv_phase_filters`: the filter bank of `g.phases()` (the data
+    /// gradient by phases, [`ConvGeom::phases`]) from `g`'s `w` into `wp`.
+    pub fn conv_phase_filters(
+        &self,
+        g: &ConvGeom,
+        w: &CudaSlice<f32>,
+        wp: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        conv::conv_phase_filters(self, g, w, wp)
+    }
+
+    /// `conv_phase_scatter`: `g`'s dx from the data gradient of
+    /// `g.phases()` in `yp`; with `relu_of` = x, 0 where x ≤ 0.
+    pub fn conv_phase_scatter(
+        &self,
+        g: &ConvGeom,
+        yp: &CudaSlice<f32>,
+        dx: &mut CudaSlice<f32>,
+        relu_of: Option<&CudaSlice<f32>>,
+    ) -> Result<()> {
+        conv::conv_phase_scatter(self, g, yp, dx, relu_of)
     }
 
     /// `conv_backward_filter_sum`: dw of `g` (`[F][Cg][KH][KW]`) as the sum
@@ -1972,7 +2032,23 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{FastDiv, KERNELS, TmaFilter, WG_KERNELS};
+    use super::{FastDiv, KERNELS, StridedData, TmaFilter, WG_KERNELS};
+
+    /// `ALEXNET_STRIDED_DATA`: phases unless set; a value it does not know
+    /// is an error that names it.
+    #[test]
+    fn strided_data_setting() {
+        let parse = |v: Option<&str>| StridedData::parse(v.map(String::from));
+        assert_eq!(parse(None).unwrap(), StridedData::Phases);
+        assert_eq!(parse(Some("phases")).unwrap(), StridedData::Phases);
+        assert_eq!(parse(Some("columns")).unwrap(), StridedData::Columns);
+        assert_eq!(parse(Some("gather")).unwrap(), StridedData::Gather);
+        let e = parse(Some("cols")).unwrap_err().to_string();
+        assert!(
+            e.contains("ALEXNET_STRIDED_DATA") && e.contains("cols"),
+            "{e}"
+        );
+    }
 
     /// `ALEXNET_TMA_FILTER`: wide unless set; a value it does not know is
     /// an error that names it.
