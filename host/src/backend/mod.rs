@@ -41,6 +41,26 @@ pub struct ConvGeom {
     pub groups: usize,
 }
 
+#[cfg(test)]
+impl ConvGeom {
+    /// `[n, c_in, h, w, c_out, k_h, k_w, stride, pad, groups]` as a
+    /// geometry (tests).
+    pub(crate) fn of([n, c_in, h, w, c_out, k_h, k_w, stride, pad, groups]: [usize; 10]) -> Self {
+        ConvGeom {
+            n,
+            c_in,
+            h,
+            w,
+            c_out,
+            k_h,
+            k_w,
+            stride,
+            pad,
+            groups,
+        }
+    }
+}
+
 impl ConvGeom {
     /// Output height (PyTorch's floor rule).
     pub fn out_h(&self) -> usize {

@@ -286,24 +286,14 @@ fn conv_data_by_columns_matches_direct() {
 #[test]
 fn conv_data_by_phases_matches_direct() {
     let mut r = rng(9);
-    let geom = |n, c_in, h, w, c_out, k_h, k_w, stride, pad, groups| ConvGeom {
-        n,
-        c_in,
-        h,
-        w,
-        c_out,
-        k_h,
-        k_w,
-        stride,
-        pad,
-        groups,
-    };
     for g in [
-        geom(2, 3, 31, 27, 4, 11, 11, 4, 2, 1),
-        geom(3, 4, 11, 9, 6, 5, 4, 3, 2, 2),
-        geom(1, 2, 8, 7, 3, 2, 1, 3, 0, 1),
-        geom(2, 2, 13, 14, 2, 3, 3, 4, 0, 1),
-    ] {
+        [2, 3, 31, 27, 4, 11, 11, 4, 2, 1],
+        [3, 4, 11, 9, 6, 5, 4, 3, 2, 2],
+        [1, 2, 8, 7, 3, 2, 1, 3, 0, 1],
+        [2, 2, 13, 14, 2, 3, 3, 4, 0, 1],
+    ]
+    .map(ConvGeom::of)
+    {
         let p = g.phases();
         assert_eq!((p.out_h(), p.out_w()), (g.out_h(), g.out_w()), "{g:?}");
         let (dy, w, mask, want) = data_grad_case(&mut r, &g);

@@ -488,18 +488,7 @@ mod tests {
         pad: usize,
         groups: usize,
     ) -> ConvGeom {
-        ConvGeom {
-            n,
-            c_in,
-            h,
-            w,
-            c_out,
-            k_h,
-            k_w,
-            stride,
-            pad,
-            groups,
-        }
+        ConvGeom::of([n, c_in, h, w, c_out, k_h, k_w, stride, pad, groups])
     }
 
     /// AlexNet's layers at batch 128 (13×13 images, as conv3–5 see them).
