@@ -273,8 +273,8 @@ type Candidate = ((&'static str, (u32, u32, u32)), Option<Knobs>);
 /// The distinct plans `product` of `g` can run under the knobs the autotune
 /// tries, the heuristic's first (leaves no choice set for it).
 fn candidates(be: &CudaBackend, product: Product, g: &ConvGeom) -> Vec<Candidate> {
-    let (product, g) = &tuned_as(be, product, g);
-    let product = *product;
+    let (product, g) = tuned_as(be, product, g);
+    let g = &g;
     be.set_knobs(product, g, None);
     let mut cands = vec![(chosen(be, product, g), None)];
     for k in TUNE_KNOBS {
@@ -743,22 +743,15 @@ fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
         && (!swapped || k.big == Some(true))
         && let Some((name, half)) = be.tma_data_kernel(g, swapped)
     {
-        let cfg = if swapped {
-            let grid_dim = (
+        let mut cfg = grid(cg, pixels, g.groups, true);
+        if swapped {
+            cfg.grid_dim = (
                 pixels.div_ceil(128) as u32,
                 cg.div_ceil(64) as u32,
                 g.groups as u32,
             );
-            vec_cfg(
-                LaunchConfig {
-                    grid_dim,
-                    ..grid(cg, pixels, g.groups, true)
-                },
-                name,
-            )
-        } else {
-            vec_cfg(grid(cg, pixels, g.groups, true), name)
-        };
+        }
+        let cfg = vec_cfg(cfg, name);
         return Some(VecPlan { name, half, cfg });
     }
     if let Some(plan) = transposed(be, k, "conv_backward_data_nhwc", cg, pixels, g.groups, fits) {

@@ -336,11 +336,11 @@ impl TmaFilter {
 pub enum StridedData {
     /// Split by phase into a stride-1 data gradient over dy
     /// ([`ConvGeom::phases`]) and `conv_phase_scatter`: no zero taps past
-    /// the window's edges, and the stride-1 kernels' tiles (conv1 on the
-    /// H200: see benches/NOTES.md).
+    /// the window's edges, and the stride-1 kernels' tiles (conv1 0.64 ms
+    /// in TF32 at batch 128 on an H100, benches/NOTES.md).
     Phases,
     /// A dense product into columns (`conv_backward_data_cols`), summed per
-    /// input pixel (`conv_cols_sum`): conv1 1.35 ms in TF32 at batch 128.
+    /// input pixel (`conv_cols_sum`): conv1 1.45 ms there.
     Columns,
     /// The gathered products, which multiply s² − 1 of every s² taps by
     /// zero: conv1 112 ms (tests and benchmarks only).
