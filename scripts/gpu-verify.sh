@@ -28,7 +28,8 @@
 # PHASES=1 the strided data gradients by phases and the swapped TMA data
 # gradients (gpu_ops conv_data_phases conv_tma, then under memcheck and
 # racecheck; every layer's data gradient beside kernels-base's, conv1's by
-# columns; the pixel grid copies);
+# columns; conv1's and conv2's on each of `_t_slim`, the swapped and the
+# 128×128 TMA kernels, the autotune off; the pixel grid copies);
 # COMPARE=1 issue 4's table (ours and PyTorch's, in $OUT/logs/table). Steps that
 # would pass $DEADLINE s are skipped (and say so), as are those whose log
 # name matches the regular expression $SKIP or, when $ONLY is set, does
@@ -185,6 +186,12 @@ if [ "${PHASES:-0}" = 1 ]; then
     [ -x .gpf/bin/kernels-base ] && r k-data-base-$p 60 .gpf/bin/kernels-base "conv_backward_data&$p"
     r k-cols-$p 30 env ALEXNET_STRIDED_DATA=columns .gpf/bin/kernels "conv_backward_data&conv1 $p"
     r k-data-no-t-$p 30 env ALEXNET_TRANSPOSED=0 .gpf/bin/kernels "conv_backward_data&conv2 $p"
+    # conv1's phases and conv2 on each kernel the heuristic can pick for a
+    # group of 48 channels, the autotune off: `_t_slim`, the swapped TMA
+    # kernel (big tiles asked for), the 128×128 TMA kernel.
+    for v in slim:ALEXNET_BIG_TILES= t:ALEXNET_BIG_TILES=1 big:ALEXNET_TRANSPOSED=0; do
+      r k-data-${v%%:*}-$p 30 env ALEXNET_AUTOTUNE=0 ${v#*:} .gpf/bin/kernels "conv_backward_data&conv1 $p" "conv_backward_data&conv2 $p"
+    done
   done
   r k-grid 30 .gpf/bin/kernels pixel_grid
   [ -x .gpf/bin/kernels-base ] && r k-grid-base 30 .gpf/bin/kernels-base pixel_grid

@@ -1234,7 +1234,7 @@ impl ConvTma {
 
     /// [`ConvTma::data`] with the roles swapped: tile (x, y) (64 channels ×
     /// 128 input pixels) of group g, the windows of dy as A and the weight
-    /// rows (of a 128-row box, the first 64 used) as B.
+    /// rows (a 64-row box, `TmaProduct::DataSwapped`'s map) as B.
     #[inline(always)]
     fn data_t(maps: *const u8, s: ConvShape, half: bool, [x, y, g]: [u32; 3]) -> Self {
         ConvTma {

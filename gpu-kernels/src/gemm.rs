@@ -1505,8 +1505,9 @@ pub const fn tma_shared_bytes(stages: u32) -> u32 {
 }
 
 /// The 128×`BN` tiles of C (`dims`: N, M, and independent problems, such as
-/// groups; `BN` 128, or 64 where N is small: the `wgmma`s then read the
-/// first 64 rows of B's stage, whatever the loads put in the rest), each as
+/// groups; `BN` 128, or 64 where N is small: B's copies then fill the
+/// first 64 rows of its stage, the `wgmma`s read those, and each stage
+/// waits for 128 + 64 rows' bytes), each as
 /// [`gemm_tile_wg`]'s, with their operand tiles fetched by
 /// the tensor memory accelerator ([`TmaTiles`], `tile([x, y, problem])`
 /// giving a tile's operands and epilogue) into `stages`
@@ -1593,7 +1594,7 @@ pub unsafe fn gemm_tile_tma<
                     }
                     let stage = smem + s * WS_STAGE_BYTES;
                     unsafe {
-                        mbar_arrive_expect_tx(full + 8 * s, WS_STAGE_BYTES);
+                        mbar_arrive_expect_tx(full + 8 * s, (128 + BN) * WS_ROW);
                         l.load(&mut c, stage, stage + b_off, full + 8 * s);
                     }
                 }

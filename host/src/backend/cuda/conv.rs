@@ -848,7 +848,12 @@ fn data_from_nhwc(
     let dims = [g.groups, fg, cg * kk];
     relayout(be, Scratch::W, w, dims, fg, plan.half, |wt| {
         if plan.name.contains("_tma") {
-            let maps = be.conv_tma_maps(g, TmaProduct::Data, dyt, wt, plan.half)?;
+            let product = if plan.name.ends_with("_tma_t") {
+                TmaProduct::DataSwapped
+            } else {
+                TmaProduct::Data
+            };
+            let maps = be.conv_tma_maps(g, product, dyt, wt, plan.half)?;
             let (cfg, ring) = be.tma_cfg(plan.name, plan.cfg)?;
             launch!(be, plan.name, cfg, what; s, &maps, &ring, dx, mask)
         } else {

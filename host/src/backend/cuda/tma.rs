@@ -33,6 +33,9 @@ pub(super) enum TmaProduct {
     Forward,
     /// The data gradient (stride 1 only).
     Data,
+    /// The data gradient with the roles swapped (`_wg_tma_t`): the same
+    /// maps, but weight boxes of 64 rows, all a 64-column tile reads.
+    DataSwapped,
     /// The weight gradient in bf16: dy's map in place of the weights'.
     Filter,
     /// The weight gradient in TF32 over the padded pixel grid: dy's grid
@@ -145,14 +148,18 @@ fn encode_err(what: &str, g: &ConvGeom, r: sys::CUresult) -> anyhow::Error {
 }
 
 /// The weights as a 3-D map `[F][KH·KW][Cg]` (forward) or `[G·Cg][KH·KW]
-/// [Fg]` (data gradient) with boxes of 128 rows × one tap × 128 bytes
-/// (zeros past a tap's channels); for the weight gradient, dy (NHWC) as
+/// [Fg]` (data gradient) with boxes of 128 rows (64 with the roles
+/// swapped) × one tap × 128 bytes (zeros past a tap's channels); for the
+/// weight gradient, dy (NHWC) as
 /// a 2-D `[N·OH·OW][F]` with boxes of 64 pixels × 128 bytes (64 filters).
 fn weights_map(g: &ConvGeom, p: TmaProduct, wt: u64, half: bool) -> Result<sys::CUtensorMap> {
     let kk = g.k_h * g.k_w;
     let (rows, row_len, box_rows) = match p {
-        TmaProduct::Forward => return taps_map(g, wt, [g.c_out, kk, g.c_in / g.groups], half),
-        TmaProduct::Data => return taps_map(g, wt, [g.c_in, kk, g.c_out / g.groups], half),
+        TmaProduct::Forward => return taps_map(g, wt, [g.c_out, kk, g.c_in / g.groups], 128, half),
+        TmaProduct::Data => return taps_map(g, wt, [g.c_in, kk, g.c_out / g.groups], 128, half),
+        TmaProduct::DataSwapped => {
+            return taps_map(g, wt, [g.c_in, kk, g.c_out / g.groups], 64, half);
+        }
         TmaProduct::Filter => (g.n * g.out_h() * g.out_w(), g.c_out, 64),
         TmaProduct::Grid => (g.c_out, grid_len(g)?, 128),
     };
@@ -160,18 +167,20 @@ fn weights_map(g: &ConvGeom, p: TmaProduct, wt: u64, half: bool) -> Result<sys::
 }
 
 /// A row-major `rows × taps × chans` tensor at `at` as a 3-D map with
-/// boxes of 128 rows × one tap × 128 bytes of channels, 128-byte swizzled:
-/// in shared memory the same 128 × 128-byte tile as [`tiled_map`]'s.
+/// boxes of `box_rows` rows × one tap × 128 bytes of channels, 128-byte
+/// swizzled: in shared memory the same `box_rows` × 128-byte tile as
+/// [`tiled_map`]'s.
 fn taps_map(
     g: &ConvGeom,
     at: u64,
     [rows, taps, chans]: [usize; 3],
+    box_rows: u32,
     half: bool,
 ) -> Result<sys::CUtensorMap> {
     let e = elem(half);
     let dims = [chans as u64, taps as u64, rows as u64];
     let strides = [(chans * e) as u64, (taps * chans * e) as u64];
-    let boxes = [(128 / e) as u32, 1, 128];
+    let boxes = [(128 / e) as u32, 1, box_rows];
     encode_tiled(g, "weights", at, &dims, &strides, &boxes, half)
 }
 
@@ -272,7 +281,7 @@ fn im2col(g: &ConvGeom, p: TmaProduct) -> Im2col {
             upper: [pad - (kw - 1), pad - (kh - 1)],
             step: g.stride as u32,
         },
-        TmaProduct::Data => Im2col {
+        TmaProduct::Data | TmaProduct::DataSwapped => Im2col {
             dims: [g.out_w(), g.out_h()],
             chans: g.c_out,
             lower: [pad - (kw - 1), pad - (kh - 1)],
@@ -415,8 +424,9 @@ mod tests {
             g(2, 64, 12, 10, 64, (3, 3), 1, 0, 1),
         ];
         for c in cases {
-            for p in [TmaProduct::Forward, TmaProduct::Data, TmaProduct::Filter] {
-                if p == TmaProduct::Data && c.stride != 1 {
+            let data = [TmaProduct::Data, TmaProduct::DataSwapped];
+            for p in [TmaProduct::Forward, data[0], data[1], TmaProduct::Filter] {
+                if data.contains(&p) && c.stride != 1 {
                     continue;
                 }
                 let m = im2col(&c, p);
@@ -427,7 +437,7 @@ mod tests {
                     TmaProduct::Forward | TmaProduct::Filter | TmaProduct::Grid => {
                         (c.out_w(), c.out_h())
                     }
-                    TmaProduct::Data => (c.w, c.h),
+                    TmaProduct::Data | TmaProduct::DataSwapped => (c.w, c.h),
                 };
                 assert_eq!((count(0), count(1)), (pw as i32, ph as i32), "{c:?} {p:?}");
                 for q in 0..pw * ph {
@@ -442,7 +452,9 @@ mod tests {
                         TmaProduct::Forward | TmaProduct::Filter | TmaProduct::Grid => {
                             (y * s - pad, x * s - pad)
                         }
-                        TmaProduct::Data => (y - (kh - 1 - pad), x - (kw - 1 - pad)),
+                        TmaProduct::Data | TmaProduct::DataSwapped => {
+                            (y - (kh - 1 - pad), x - (kw - 1 - pad))
+                        }
                     };
                     assert_eq!(model, kernel, "{c:?} {p:?} pixel {q}");
                 }
