@@ -29,7 +29,9 @@
 # gradients (gpu_ops conv_data_phases conv_tma, then under memcheck and
 # racecheck; every layer's data gradient beside kernels-base's, conv1's by
 # columns; conv1's and conv2's on each of `_t_slim`, the swapped and the
-# 128×128 TMA kernels, the autotune off; the pixel grid copies);
+# 128×128 TMA kernels, the autotune off; the pixel grid copies; ncu on
+# conv2's bf16 data gradient on each of those and its TF32 weight
+# gradient);
 # COMPARE=1 issue 4's table (ours and PyTorch's, in $OUT/logs/table). Steps that
 # would pass $DEADLINE s are skipped (and say so), as are those whose log
 # name matches the regular expression $SKIP or, when $ONLY is set, does
@@ -195,6 +197,17 @@ if [ "${PHASES:-0}" = 1 ]; then
   done
   r k-grid 30 .gpf/bin/kernels pixel_grid
   [ -x .gpf/bin/kernels-base ] && r k-grid-base 30 .gpf/bin/kernels-base pixel_grid
+  # What bounds conv2's two products still behind cuDNN: its bf16 data
+  # gradient on each of the three kernels (the autotune off) and its TF32
+  # weight gradient as the step runs it.
+  for v in slim:ALEXNET_BIG_TILES= t:ALEXNET_BIG_TILES=1 big:ALEXNET_TRANSPOSED=0; do
+    r ncu-conv2-data-${v%%:*} 90 env ALEXNET_AUTOTUNE=0 ${v#*:} ncu --clock-control none -k regex:conv_backward_data_nhwc -c 1 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+      .gpf/bin/kernels "conv_backward_data&conv2 bf16"
+  done
+  r ncu-conv2-filter-tf32 90 ncu --clock-control none -k regex:conv_backward_filter -c 1 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+    .gpf/bin/kernels "conv_backward_filter&conv2 tf32"
   # The new kernels under the sanitizers, small shapes only.
   for tool in memcheck racecheck; do
     r phases-$tool 150 env ALEXNET_TEST_SMALL=1 ALEXNET_ARENA=0 compute-sanitizer --tool $tool --error-exitcode 1 .gpf/bin/gpu_ops conv_data_phases conv_tma
