@@ -731,16 +731,13 @@ fn data_channels_last(be: &CudaBackend, g: &ConvGeom) -> Option<VecPlan> {
     let pixels = g.n * g.h * g.w;
     // Groups of at most 64 channels, where 128×128 tiles would pad more
     // than half of each tile (conv2's 48, conv1's phases' 48), take the
-    // 48-channel `_t_slim` tiles by default and the TMA kernel with the
-    // roles swapped (128 pixels × 64 channels a tile) only when big tiles
-    // are asked for: at batch 128 on an H100 the swapped kernel ran no
-    // faster than the 128×128 one (conv2 TF32 0.896 vs 0.905 ms, bf16
-    // 0.533 vs 0.531; the autotune's timings) and `_t_slim` beat both
-    // (0.752, 0.444).
+    // TMA kernel with the roles swapped (128 pixels × 64 channels a tile,
+    // 64-row weight boxes): conv2 at batch 128 on an H100, autotune off,
+    // TF32 0.533 ms against `_t_slim`'s 0.686 and the 128×128 kernel's
+    // 0.821; bf16 0.303 against 0.384 and 0.436.
     let swapped = cg <= 64 && k.transposed == Transposed::Padded;
     if k.big != Some(false)
         && k.transposed != Transposed::All
-        && (!swapped || k.big == Some(true))
         && let Some((name, half)) = be.tma_data_kernel(g, swapped)
     {
         let mut cfg = grid(cg, pixels, g.groups, true);
