@@ -189,9 +189,9 @@ if [ "${PHASES:-0}" = 1 ]; then
     r k-cols-$p 30 env ALEXNET_STRIDED_DATA=columns .gpf/bin/kernels "conv_backward_data&conv1 $p"
     r k-data-no-t-$p 30 env ALEXNET_TRANSPOSED=0 .gpf/bin/kernels "conv_backward_data&conv2 $p"
     # conv1's phases and conv2 on each kernel the heuristic can pick for a
-    # group of 48 channels, the autotune off: `_t_slim`, the swapped TMA
-    # kernel (big tiles asked for), the 128×128 TMA kernel.
-    for v in slim:ALEXNET_BIG_TILES= t:ALEXNET_BIG_TILES=1 big:ALEXNET_TRANSPOSED=0; do
+    # group of 48 channels, the autotune off: `_t_slim` (big tiles turned
+    # off), the swapped TMA kernel (the default), the 128×128 TMA kernel.
+    for v in slim:ALEXNET_BIG_TILES=0 t:ALEXNET_BIG_TILES=1 big:ALEXNET_TRANSPOSED=0; do
       r k-data-${v%%:*}-$p 30 env ALEXNET_AUTOTUNE=0 ${v#*:} .gpf/bin/kernels "conv_backward_data&conv1 $p" "conv_backward_data&conv2 $p"
     done
   done
@@ -200,7 +200,7 @@ if [ "${PHASES:-0}" = 1 ]; then
   # What bounds conv2's two products still behind cuDNN: its bf16 data
   # gradient on each of the three kernels (the autotune off) and its TF32
   # weight gradient as the step runs it.
-  for v in slim:ALEXNET_BIG_TILES= t:ALEXNET_BIG_TILES=1 big:ALEXNET_TRANSPOSED=0; do
+  for v in slim:ALEXNET_BIG_TILES=0 t:ALEXNET_BIG_TILES=1 big:ALEXNET_TRANSPOSED=0; do
     r ncu-conv2-data-${v%%:*} 90 env ALEXNET_AUTOTUNE=0 ${v#*:} ncu --clock-control none -k regex:conv_backward_data_nhwc -c 1 \
       --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
       .gpf/bin/kernels "conv_backward_data&conv2 bf16"
